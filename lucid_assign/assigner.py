@@ -1,0 +1,64 @@
+"""Drop-in modules with the constructor and forward() of the peer trainer's assigners."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import api
+from .reference import stride_value
+
+
+class TaskAlignedAssigner(nn.Module):
+    """Task-aligned assigner (TOOD) for axis-aligned boxes ``x1 y1 x2 y2``.
+
+    Same constructor and ``forward`` as the peer's ``TaskAlignedAssigner``; the outputs follow SPEC.md. A box last
+    dimension of 5 (``cx cy w h angle``) is assigned as oriented boxes, as RotatedTaskAlignedAssigner does.
+    """
+
+    box_dims = (4, 5)
+
+    def __init__(
+        self,
+        topk: int = 13,
+        num_classes: int = 80,
+        alpha: float = 1.0,
+        beta: float = 6.0,
+        stride: list | None = None,
+        eps: float = 1e-9,
+        topk2: int | None = None,
+    ):
+        super().__init__()
+        self.topk = topk
+        self.topk2 = topk2 or topk
+        self.num_classes = num_classes
+        self.alpha = alpha
+        self.beta = beta
+        self.stride = list(stride) if stride is not None else [8, 16, 32]
+        self.stride_val = stride_value(self.stride)
+        self.eps = eps
+
+    @torch.no_grad()
+    def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt):
+        """Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``."""
+        if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 and gt_bboxes.shape[-1] not in self.box_dims:
+            raise ValueError(
+                f"{type(self).__name__} takes gt_bboxes with last dim in {self.box_dims}, got {tuple(gt_bboxes.shape)}"
+            )
+        return api.assign(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+            topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
+            stride=self.stride, topk2=self.topk2,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"topk={self.topk}, topk2={self.topk2}, num_classes={self.num_classes}, alpha={self.alpha}, "
+            f"beta={self.beta}, stride={self.stride}"
+        )
+
+
+class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
+    """Task-aligned assigner for oriented boxes ``cx cy w h angle`` (radians), overlap by probabilistic IoU."""
+
+    box_dims = (5,)

@@ -1,0 +1,273 @@
+"""The pure-PyTorch reference assigner: SPEC.md in executable form.
+
+It builds dense (B, M, A) tensors and is meant to be obviously right, not fast. Each function below is one step of
+SPEC.md and is used on its own by the tests of the matching kernel pass.
+
+Arithmetic notes, because the kernels must reproduce these results bit for bit:
+- Every formula is a chain of separately rounded tensor operations; the order of the operations is part of the
+  contract (see csrc/geometry.h, which mirrors it).
+- Pair metrics are computed on the gathered candidate pairs (row-major order over (B, M, A)), as one flat batch:
+  CPU math functions may round an element differently depending on where it falls in a vector, so the reference
+  keeps this layout fixed.
+- Top-k never relies on ``torch.topk``'s tie order (which differs between CPU and CUDA): ties go to the lower
+  anchor index on every device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+# Margins and epsilons of SPEC.md.
+HBB_MARGIN = 1e-9  # strict containment margin of the axis-aligned test
+IOU_EPS = 1e-7  # eps inside CIoU and probiou
+
+
+def stride_value(stride: Sequence[float]) -> float:
+    """The small-target side floor: ``stride[1]`` when there are two or more strides, else ``stride[0]``."""
+    stride = list(stride)
+    if not stride:
+        raise ValueError("stride must hold at least one value, got []")
+    return stride[1] if len(stride) > 1 else stride[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Step 1: candidate regions
+# ---------------------------------------------------------------------------------------------------------------
+def _floor_sides(side: torch.Tensor, valid: torch.Tensor, stride_val: float) -> torch.Tensor:
+    floor = torch.tensor(stride_val, dtype=side.dtype, device=side.device)
+    return torch.where((side < stride_val) & valid, floor, side)
+
+
+def points_in_boxes(
+    anc_points: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor, stride_val: float
+) -> torch.Tensor:
+    """(B, M, A) bool: anchor inside the candidate region of each box (SPEC step 1). The mask is not applied."""
+    valid = mask_gt.reshape(gt_bboxes.shape[:2]).bool()
+    px, py = anc_points[:, 0], anc_points[:, 1]
+    if gt_bboxes.shape[-1] == 4:
+        x1, y1, x2, y2 = gt_bboxes.unbind(-1)
+        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+        w = _floor_sides(x2 - x1, valid, stride_val)
+        h = _floor_sides(y2 - y1, valid, stride_val)
+        hw, hh = w / 2, h / 2
+        left, top, right, bottom = (t[..., None] for t in (cx - hw, cy - hh, cx + hw, cy + hh))
+        inside = (px - left) > HBB_MARGIN
+        inside &= (py - top) > HBB_MARGIN
+        inside &= (right - px) > HBB_MARGIN
+        inside &= (bottom - py) > HBB_MARGIN
+        return inside
+
+    boxes = gt_bboxes.clone()  # a private copy: the angle column is read through a strided view of it
+    cx, cy, w, h, theta = boxes.unbind(-1)
+    w = _floor_sides(w, valid, stride_val)
+    h = _floor_sides(h, valid, stride_val)
+    cos, sin = theta.cos(), theta.sin()
+    ux, uy = w / 2 * cos, w / 2 * sin
+    vx, vy = -h / 2 * sin, h / 2 * cos
+    p1x, p1y = cx + ux + vx, cy + uy + vy
+    p2x, p2y = cx + ux - vx, cy + uy - vy
+    p4x, p4y = cx - ux + vx, cy - uy + vy
+    abx, aby = (p2x - p1x)[..., None], (p2y - p1y)[..., None]
+    adx, ady = (p4x - p1x)[..., None], (p4y - p1y)[..., None]
+    norm_ab = abx * abx + aby * aby
+    norm_ad = adx * adx + ady * ady
+    apx = px - p1x[..., None]
+    apy = py - p1y[..., None]
+    dot_ab = apx * abx + apy * aby
+    dot_ad = apx * adx + apy * ady
+    return (dot_ab >= 0) & (dot_ab <= norm_ab) & (dot_ad >= 0) & (dot_ad <= norm_ad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Step 2: pair overlaps and the alignment metric
+# ---------------------------------------------------------------------------------------------------------------
+def ciou(gt: torch.Tensor, pd: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
+    """Complete-IoU of paired axis-aligned boxes (N, 4) x1y1x2y2 -> (N,), not clamped."""
+    g_x1, g_y1, g_x2, g_y2 = gt.unbind(-1)
+    p_x1, p_y1, p_x2, p_y2 = pd.unbind(-1)
+    g_w, g_h = g_x2 - g_x1, g_y2 - g_y1 + eps
+    p_w, p_h = p_x2 - p_x1, p_y2 - p_y1 + eps
+    inter_w = (torch.minimum(g_x2, p_x2) - torch.maximum(g_x1, p_x1)).clamp(min=0)
+    inter_h = (torch.minimum(g_y2, p_y2) - torch.maximum(g_y1, p_y1)).clamp(min=0)
+    inter = inter_w * inter_h
+    union = g_w * g_h + p_w * p_h - inter + eps
+    iou = inter / union
+    enclose_w = torch.maximum(g_x2, p_x2) - torch.minimum(g_x1, p_x1)
+    enclose_h = torch.maximum(g_y2, p_y2) - torch.minimum(g_y1, p_y1)
+    diag2 = enclose_w.pow(2) + enclose_h.pow(2) + eps
+    centre2 = ((p_x1 + p_x2 - g_x1 - g_x2).pow(2) + (p_y1 + p_y2 - g_y1 - g_y2).pow(2)) / 4
+    aspect = (4 / math.pi**2) * ((p_w / p_h).atan() - (g_w / g_h).atan()).pow(2)
+    trade_off = aspect / (1 - iou + aspect + eps)
+    return iou - (centre2 / diag2 + aspect * trade_off)
+
+
+def _gaussian(boxes: torch.Tensor):
+    """Covariance [[a, c], [c, b]] of the Gaussian of each (N, 5) box: w^2/12, h^2/12 rotated by the angle."""
+    var = boxes[:, 2:4].pow(2) / 12
+    var_w, var_h = var.unbind(-1)
+    theta = boxes[:, 4]
+    cos, sin = theta.cos(), theta.sin()
+    cos2, sin2 = cos.pow(2), sin.pow(2)
+    return var_w * cos2 + var_h * sin2, var_w * sin2 + var_h * cos2, (var_w - var_h) * cos * sin
+
+
+def probiou(gt: torch.Tensor, pd: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
+    """Probabilistic IoU (1 - Hellinger distance) of paired oriented boxes (N, 5) -> (N,), not clamped."""
+    g_x, g_y = gt[:, 0], gt[:, 1]
+    p_x, p_y = pd[:, 0], pd[:, 1]
+    g_a, g_b, g_c = _gaussian(gt)
+    p_a, p_b, p_c = _gaussian(pd)
+    sa, sb, sc = g_a + p_a, g_b + p_b, g_c + p_c
+    det = sa * sb - sc.pow(2)
+    t1 = ((sa * (g_y - p_y).pow(2) + sb * (g_x - p_x).pow(2)) / (det + eps)) * 0.25
+    t2 = ((sc * (p_x - g_x) * (g_y - p_y)) / (det + eps)) * 0.5
+    det_g = (g_a * g_b - g_c.pow(2)).clamp(min=0)
+    det_p = (p_a * p_b - p_c.pow(2)).clamp(min=0)
+    t3 = (det / (4 * (det_g * det_p).sqrt() + eps) + eps).log() * 0.5
+    bhattacharyya = (t1 + t2 + t3).clamp(eps, 100.0)
+    hellinger = (1.0 - (-bhattacharyya).exp() + eps).sqrt()
+    return 1 - hellinger
+
+
+def pair_overlaps(gt: torch.Tensor, pd: torch.Tensor) -> torch.Tensor:
+    """Overlap of paired boxes, clamped below at 0: CIoU for (N, 4), probiou for (N, 5)."""
+    overlap = ciou(gt, pd) if gt.shape[-1] == 4 else probiou(gt, pd)
+    return overlap.clamp(min=0)
+
+
+def box_metrics(
+    pd_scores: torch.Tensor,
+    pd_bboxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_bboxes: torch.Tensor,
+    candidates: torch.Tensor,
+    alpha: float,
+    beta: float,
+):
+    """Dense (B, M, A) ``align = s^alpha * o^beta`` and overlap ``o`` at candidate pairs, 0 elsewhere (SPEC step 2).
+
+    ``candidates`` is the (B, M, A) mask of pairs to evaluate (inside the region and a real object).
+    """
+    shape = candidates.shape
+    b, m, a = candidates.nonzero(as_tuple=True)
+    score = pd_scores[b, a, gt_labels[b, m, 0].long()]
+    overlap = pair_overlaps(gt_bboxes[b, m], pd_bboxes[b, a])
+    align = score.pow(alpha) * overlap.pow(beta)
+    overlaps = torch.zeros(shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
+    align_metric = torch.zeros(shape, dtype=align.dtype, device=pd_scores.device)
+    overlaps[b, m, a] = overlap
+    align_metric[b, m, a] = align
+    return align_metric, overlaps
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Step 3 and 5: top-k with ties to the lower index
+# ---------------------------------------------------------------------------------------------------------------
+def topk_mask(metric: torch.Tensor, k: int) -> torch.Tensor:
+    """Bool mask of the k largest values along the last dim; ties go to the lower index, on every device.
+
+    torch.topk's values do not depend on its tie order, so the k-th value is taken from it; then every element
+    above it is kept and the elements equal to it are taken in index order until k are chosen. NaN ranks above
+    every number (as in torch.topk) and NaNs tie with each other.
+    """
+    kth = torch.topk(metric, k, dim=-1).values[..., -1:]
+    metric_nan, kth_nan = metric.isnan(), kth.isnan()
+    above = (metric > kth) | (metric_nan & ~kth_nan)
+    at_kth = (metric == kth) | (metric_nan & kth_nan)
+    room = k - above.sum(-1, keepdim=True)
+    return above | (at_kth & (at_kth.cumsum(-1) <= room))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Step 4: conflicts
+# ---------------------------------------------------------------------------------------------------------------
+def resolve_conflicts(mask_pos: torch.Tensor, overlaps: torch.Tensor) -> torch.Tensor:
+    """An anchor positive for several rows keeps only the row with the largest overlap over all M rows.
+
+    Ties go to the lower row; the winning row need not have claimed the anchor (DESIGN.md, trap 2).
+    """
+    multi = mask_pos.sum(1, keepdim=True) > 1  # (B, 1, A)
+    best = overlaps.argmax(1, keepdim=True)  # (B, 1, A): the first maximum
+    rows = torch.arange(mask_pos.shape[1], device=mask_pos.device)[None, :, None]
+    return torch.where(multi, rows == best, mask_pos)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Steps 6-8: targets and normalisation
+# ---------------------------------------------------------------------------------------------------------------
+def _targets(gt_labels, gt_bboxes, target_gt_idx, fg_mask, num_classes):
+    bs, n_boxes = gt_bboxes.shape[:2]
+    flat = target_gt_idx + torch.arange(bs, device=target_gt_idx.device)[:, None] * n_boxes
+    target_labels = gt_labels.long().flatten()[flat].clamp(min=0)
+    target_bboxes = gt_bboxes.reshape(-1, gt_bboxes.shape[-1])[flat]
+    one_hot = torch.zeros((*target_labels.shape, num_classes), dtype=torch.int8, device=target_labels.device)
+    one_hot.scatter_(2, target_labels[..., None], 1)
+    one_hot = one_hot * fg_mask[..., None]
+    return target_labels, target_bboxes, one_hot
+
+
+def _empty_result(pd_scores, pd_bboxes, gt_bboxes, num_classes):
+    bs, n_anchors = pd_scores.shape[:2]
+    score_dtype = torch.promote_types(pd_scores.dtype, pd_bboxes.dtype)
+    device = pd_scores.device
+    return (
+        torch.full((bs, n_anchors), num_classes, dtype=torch.long, device=device),
+        torch.zeros((bs, n_anchors, gt_bboxes.shape[-1]), dtype=gt_bboxes.dtype, device=device),
+        torch.zeros((bs, n_anchors, num_classes), dtype=score_dtype, device=device),
+        torch.zeros((bs, n_anchors), dtype=torch.bool, device=device),
+        torch.zeros((bs, n_anchors), dtype=torch.long, device=device),
+    )
+
+
+@torch.no_grad()
+def assign(
+    pd_scores: torch.Tensor,
+    pd_bboxes: torch.Tensor,
+    anc_points: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_bboxes: torch.Tensor,
+    mask_gt: torch.Tensor,
+    *,
+    topk: int = 13,
+    num_classes: int = 80,
+    alpha: float = 1.0,
+    beta: float = 6.0,
+    eps: float = 1e-9,
+    stride: Sequence[float] = (8, 16, 32),
+    topk2: int | None = None,
+):
+    """Task-aligned assignment, HBB (last dim 4) or OBB (last dim 5), exactly as SPEC.md describes.
+
+    Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``. Inputs are not modified.
+    """
+    topk2 = topk2 or topk
+    n_boxes = gt_bboxes.shape[1]
+    if n_boxes == 0:
+        return _empty_result(pd_scores, pd_bboxes, gt_bboxes, num_classes)
+    valid = mask_gt.reshape(gt_bboxes.shape[:2]).bool()[..., None]  # (B, M, 1)
+
+    # Steps 1-3: candidates, metrics, top-k.
+    inside = points_in_boxes(anc_points, gt_bboxes, mask_gt, stride_value(stride))
+    align_metric, overlaps = box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside & valid, alpha, beta)
+    mask_pos = topk_mask(align_metric, topk) & inside & valid
+
+    # Step 4-5: conflicts, then the second top-k over what each row owns.
+    mask_pos = resolve_conflicts(mask_pos, overlaps)
+    if topk2 != topk:
+        mask_pos &= topk_mask(align_metric * mask_pos, topk2)
+
+    # Step 6-7: foreground and targets.
+    fg_mask = mask_pos.any(1)
+    target_gt_idx = mask_pos.to(torch.uint8).argmax(1)
+    target_labels, target_bboxes, one_hot = _targets(gt_labels, gt_bboxes, target_gt_idx, fg_mask, num_classes)
+
+    # Step 8: normalisation over the final positives.
+    align_pos = align_metric * mask_pos
+    best_align = align_pos.amax(-1, keepdim=True)
+    best_overlap = (overlaps * mask_pos).amax(-1, keepdim=True)
+    norm = align_pos.mul_(best_overlap).div_(best_align + eps).amax(-2)
+    target_scores = one_hot * norm[..., None]
+    return target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx

@@ -1,0 +1,145 @@
+"""Synthetic, seeded assignment problems that look like a detector's batch in the middle of training.
+
+``dota_like_batch`` builds an aerial scene: objects from a few pixels to several hundred, rotated or not, half of them
+packed in clusters (parking lots, harbours: rows of similar objects sharing an angle and a class), the rest spread
+uniformly; predicted boxes that mostly sit near the object each anchor looks at, with jitter, and class scores that
+are low everywhere but higher for the right class near objects. Top-k, conflicts, the stride floor and the zero fill
+of the top-k are all exercised.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def anchor_points(img_size: int, strides=(8, 16, 32), dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """(A, 2) anchor centres in pixels, level by level, row-major: ((col + 0.5) * s, (row + 0.5) * s)."""
+    points = []
+    for s in strides:
+        n = img_size // s
+        c = (torch.arange(n, dtype=torch.float64) + 0.5) * s
+        yy, xx = torch.meshgrid(c, c, indexing="ij")
+        points.append(torch.stack((xx, yy), -1).reshape(-1, 2))
+    return torch.cat(points).to(device=device, dtype=dtype)
+
+
+def _objects(g, n, img_size, num_classes, obb):
+    """(n, 5) boxes cx cy w h angle and (n,) labels for one image."""
+    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    n_cluster = int(n * 0.5)
+    boxes = torch.empty(n, 5, dtype=torch.float64)
+    labels = torch.empty(n, dtype=torch.long)
+    # clusters: rows of similar small objects with one angle and one class
+    done = 0
+    while done < n_cluster:
+        size = min(n_cluster - done, int(8 + rand(1).item() * 40))
+        centre = rand(2) * img_size * 0.8 + img_size * 0.1
+        angle = (rand(1).item() - 0.5) * math.pi if obb else 0.0
+        length = 10 + rand(1).item() * 30
+        width = length * (0.35 + rand(1).item() * 0.3)
+        cols = max(1, int(math.sqrt(size)))
+        i = torch.arange(size, dtype=torch.float64)
+        grid = torch.stack(((i % cols) * width * 1.3, (i // cols) * length * 1.2), -1)
+        grid -= grid.mean(0)
+        rot = torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]], dtype=torch.float64)
+        xy = centre + grid @ rot.T + (rand(size, 2) - 0.5) * 2
+        wh = torch.stack((torch.full((size,), width), torch.full((size,), length)), -1) * (0.9 + 0.2 * rand(size, 2))
+        boxes[done : done + size] = torch.cat((xy, wh, torch.full((size, 1), angle)), -1)
+        labels[done : done + size] = int(rand(1).item() * num_classes)
+        done += size
+    # the rest: uniform placement, log-uniform sizes from 3 px to ~400 px, aspect up to 1:4
+    rest = n - n_cluster
+    side = torch.exp(math.log(3.0) + rand(rest) * math.log(400 / 3.0))
+    aspect = 1 + rand(rest) * 3
+    wh = torch.stack((side, side / aspect), -1)
+    xy = rand(rest, 2) * img_size
+    angle = (rand(rest, 1) - 0.5) * math.pi if obb else torch.zeros(rest, 1, dtype=torch.float64)
+    boxes[n_cluster:] = torch.cat((xy, wh, angle), -1)
+    labels[n_cluster:] = (rand(rest) * num_classes).long().clamp(max=num_classes - 1)
+    boxes[:, :2] = boxes[:, :2].clamp(0, img_size)
+    return boxes, labels
+
+
+def _predictions(g, anc, boxes, labels, strides_of, num_classes, obb):
+    """Predicted boxes (A, 5) and scores (A, C) for one image given its objects."""
+    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    n_anchors = anc.shape[0]
+    # default: a box around the anchor, a few strides wide
+    size = strides_of[:, None] * torch.exp(1.0 + 0.6 * randn(n_anchors, 2))
+    ctr = anc + (rand(n_anchors, 2) - 0.5) * strides_of[:, None]
+    angle = (rand(n_anchors, 1) - 0.5) * math.pi if obb else torch.zeros(n_anchors, 1, dtype=torch.float64)
+    pd = torch.cat((ctr, size, angle), -1)
+    logits = -4.0 + randn(n_anchors, num_classes)
+    if boxes.shape[0]:
+        # anchors near an object predict a jittered copy of it, its class more confidently
+        nearest = torch.cdist(anc, boxes[:, :2]).argmin(1)
+        obj = boxes[nearest]
+        reach = obj[:, 2:4].max(-1).values / 2 + strides_of
+        near = (anc - obj[:, :2]).norm(dim=-1) < reach
+        jitter = torch.cat(
+            (
+                obj[:, :2] + randn(n_anchors, 2) * 0.15 * obj[:, 2:4],
+                obj[:, 2:4] * torch.exp(0.25 * randn(n_anchors, 2)),
+                obj[:, 4:] + 0.15 * randn(n_anchors, 1) if obb else obj[:, 4:],
+            ),
+            -1,
+        )
+        pd = torch.where(near[:, None], jitter, pd)
+        boost = torch.zeros_like(logits)
+        boost[torch.arange(n_anchors), labels[nearest]] = 4.0 + 1.5 * randn(n_anchors)
+        logits = logits + boost * near[:, None]
+    return pd, torch.sigmoid(logits)
+
+
+def dota_like_batch(
+    batch: int = 4,
+    img_size: int = 1024,
+    num_classes: int = 15,
+    objects=(20, 300),
+    obb: bool = True,
+    seed: int = 0,
+    strides=(8, 16, 32),
+    score_dtype=torch.float32,
+    device="cpu",
+) -> dict:
+    """A seeded batch: the six inputs of the assigner (keys as in ``assign``) plus ``stride`` and ``num_objects``.
+
+    ``objects`` is an int (every image has that many) or a (low, high) range drawn per image. Padding rows are
+    zeros with ``mask_gt`` 0. Boxes are ``cx cy w h angle`` when ``obb`` else ``x1 y1 x2 y2``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = (objects, objects) if isinstance(objects, int) else objects
+    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
+    n_max = max(counts) if counts else 0
+    anc = anchor_points(img_size, strides, dtype=torch.float64)
+    strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
+    box_dim = 5 if obb else 4
+    gt = torch.zeros(batch, n_max, box_dim, dtype=torch.float64)
+    labels = torch.zeros(batch, n_max, 1)
+    mask = torch.zeros(batch, n_max, 1)
+    pd = torch.zeros(batch, anc.shape[0], box_dim, dtype=torch.float64)
+    scores = torch.zeros(batch, anc.shape[0], num_classes, dtype=torch.float64)
+    for b, n in enumerate(counts):
+        boxes, cls = _objects(g, n, img_size, num_classes, obb)
+        pred, sc = _predictions(g, anc, boxes, cls, strides_of, num_classes, obb)
+        if not obb:
+            boxes = torch.cat((boxes[:, :2] - boxes[:, 2:4] / 2, boxes[:, :2] + boxes[:, 2:4] / 2), -1)
+            pred = torch.cat((pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2), -1)
+        gt[b, :n] = boxes
+        labels[b, :n, 0] = cls.float()
+        mask[b, :n] = 1.0
+        pd[b] = pred
+        scores[b] = sc
+    return dict(
+        pd_scores=scores.to(device=device, dtype=score_dtype),
+        pd_bboxes=pd.to(device=device, dtype=torch.float32),
+        anc_points=anc.to(device=device, dtype=torch.float32),
+        gt_labels=labels.to(device),
+        gt_bboxes=gt.to(device=device, dtype=torch.float32),
+        mask_gt=mask.to(device),
+        stride=list(strides),
+        num_objects=counts,
+    )

@@ -1,0 +1,113 @@
+"""Random assignment problems for the tests: small images, so that the dense reference stays fast, shaped to hit the
+rare paths (tiny boxes under the stride floor, clustered objects that conflict, padding rows, anchors on edges)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+STRIDES = (8, 16, 32)
+
+
+def anchor_grid(img_size: int, strides=STRIDES, dtype=torch.float32) -> torch.Tensor:
+    """(A, 2) anchor centres in pixels, level by level, row-major: ((i + 0.5) * s, (j + 0.5) * s)."""
+    points = []
+    for s in strides:
+        n = img_size // s
+        c = (torch.arange(n, dtype=torch.float64) + 0.5) * s
+        yy, xx = torch.meshgrid(c, c, indexing="ij")
+        points.append(torch.stack((xx, yy), -1).reshape(-1, 2))
+    return torch.cat(points).to(dtype)
+
+
+def make_problem(
+    seed: int,
+    obb: bool,
+    batch: int = 2,
+    n_boxes: int = 12,
+    img_size: int = 128,
+    num_classes: int = 7,
+    score_dtype=torch.float32,
+    pad_rows: int = 3,
+    tiny_frac: float = 0.3,
+    edge_frac: float = 0.2,
+    cluster: bool = True,
+    int_labels: bool = False,
+    corner_miss: bool = True,
+):
+    """Inputs (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt) on the CPU, float32 boxes."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=g, dtype=torch.float64)
+
+    anc = anchor_grid(img_size)
+    n_anchors = anc.shape[0]
+    real = n_boxes - pad_rows
+    # centres: half clustered around a few spots (so objects overlap and anchors are claimed twice)
+    spots = rand(batch, 3, 2) * img_size
+    pick = (rand(batch, n_boxes) * 3).long().clamp(max=2)
+    centres = torch.gather(spots, 1, pick[..., None].expand(-1, -1, 2)) + (rand(batch, n_boxes, 2) - 0.5) * 24
+    if not cluster:
+        centres = rand(batch, n_boxes, 2) * img_size
+    size = torch.exp(rand(batch, n_boxes, 2) * math.log(60.0)) + 1.0  # 2 .. 61 px, log-uniform
+    tiny = rand(batch, n_boxes, 1) < tiny_frac
+    size = torch.where(tiny, rand(batch, n_boxes, 2) * 10 + 0.5, size)  # under the floor of 16
+    angle = (rand(batch, n_boxes, 1) - 0.5) * math.pi
+    if obb:
+        gt = torch.cat((centres, size, angle), -1)
+        # some axis-aligned boxes with corners exactly on anchor centres (closed test at the edge)
+        on_edge = rand(batch, n_boxes) < edge_frac
+        k = (rand(batch, n_boxes, 2) * (img_size // 8 - 4)).floor()
+        corner = (k + 0.5) * 8
+        span = ((rand(batch, n_boxes, 2) * 4).floor() + 2) * 8
+        edge_box = torch.cat((corner + span / 2, span, torch.zeros(batch, n_boxes, 1, dtype=torch.float64)), -1)
+        gt = torch.where(on_edge[..., None], edge_box, gt)
+    else:
+        gt = torch.cat((centres - size / 2, centres + size / 2), -1)
+        on_edge = rand(batch, n_boxes) < edge_frac
+        k = (rand(batch, n_boxes, 2) * (img_size // 8 - 4)).floor()
+        corner = (k + 0.5) * 8
+        span = ((rand(batch, n_boxes, 2) * 4).floor() + 1) * 8
+        gt = torch.where(on_edge[..., None], torch.cat((corner, corner + span), -1), gt)
+    if corner_miss and real > 1:
+        # row 1 sits in the top-left corner where (below) the predictions miss: its align is 0 at most anchors,
+        # so the top-k fills up with the lowest-indexed zero-metric anchors, some inside it (DESIGN.md trap 1)
+        corner_box = [14.0, 14.0, 24.0, 20.0, 0.3] if obb else [2.0, 3.0, 26.0, 22.0]
+        gt[:, 1] = torch.tensor(corner_box, dtype=torch.float64)
+    mask = torch.zeros(batch, n_boxes, 1)
+    mask[:, :real] = 1.0
+    gt = torch.where(mask.bool(), gt, torch.zeros_like(gt))  # padding rows are zeros, as trainers pad them
+    labels = (rand(batch, n_boxes, 1) * num_classes).floor().clamp(max=num_classes - 1)
+    labels = labels * mask
+
+    # predictions "mid-training": boxes around each anchor with a size spread, some near the objects
+    stride_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s)) for s in STRIDES]).double()
+    pd_size = stride_of[None, :, None] * torch.exp((rand(batch, n_anchors, 2) - 0.3) * 2.5)
+    pd_ctr = anc.double()[None] + (rand(batch, n_anchors, 2) - 0.5) * stride_of[None, :, None]
+    if obb:
+        pd_angle = (rand(batch, n_anchors, 1) - 0.5) * math.pi
+        pd = torch.cat((pd_ctr, pd_size, pd_angle), -1)
+    else:
+        pd = torch.cat((pd_ctr - pd_size / 2, pd_ctr + pd_size / 2), -1)
+    if corner_miss:
+        near = (anc[:, 0] < 40) & (anc[:, 1] < 40)
+        pd[:, near, :2] += img_size / 2  # far from the corner object: CIoU/probiou clamp to 0
+        if not obb:
+            pd[:, near, 2:] += img_size / 2
+    scores = rand(batch, n_anchors, num_classes) ** 3  # mostly small, a few confident
+    scores[rand(batch, n_anchors, num_classes) < 0.05] = 0.0  # exact zeros: ties in the top-k
+    labels = labels.long() if int_labels else labels.float()
+    return (
+        scores.to(score_dtype),
+        pd.float(),
+        anc,
+        labels,
+        gt.float(),
+        mask,
+    )
+
+
+def to(device, tensors):
+    return tuple(t.to(device) for t in tensors)

@@ -1,0 +1,46 @@
+import os
+
+import pytest
+import torch
+
+import lucid_assign
+from lucid_assign import _library
+
+HAS_GPU = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip `cuda` tests without a GPU. CI sets LUCID_REQUIRE_EXT=1 so that a library that failed to load fails the
+    run instead of skipping the op tests, and LUCID_REQUIRE_PEER=1 for the peer oracle."""
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_cuda)
+
+
+@pytest.fixture(scope="session")
+def library():
+    """The compiled library; skipped (or failed, with LUCID_REQUIRE_EXT=1) when it is not loaded."""
+    if not _library.loaded():
+        msg = f"compiled library not loaded: {_library.LOAD_ERROR}"
+        if os.environ.get("LUCID_REQUIRE_EXT") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return lucid_assign.ops
+
+
+@pytest.fixture(scope="session")
+def peer_tal():
+    """The peer's assigner module (ultralytics.utils.tal), the oracle of the reference."""
+    try:
+        from ultralytics.utils import tal
+    except ImportError as exc:
+        if os.environ.get("LUCID_REQUIRE_PEER") == "1":
+            pytest.fail(f"ultralytics is required here: {exc}")
+        pytest.skip(f"ultralytics not installed: {exc}")
+    return tal
+
+
+def devices():
+    """CPU always; CUDA as a `cuda`-marked parameter."""
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
