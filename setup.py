@@ -117,6 +117,8 @@ def extensions():
     # The host compiler must not fuse a*b+c either: the CPU kernels share the geometry header with CUDA.
     cxx = ["-O0", "-g"] if debug else ["-O3"]
     cxx += ["-ffp-contract=off", "-fno-fast-math"]  # the C++ standard is the one torch asks for
+    # at::parallel_for is an inline OpenMP region in torch's headers: without -fopenmp it runs on one thread.
+    cxx += ["-fopenmp"]
     include_dirs = [os.path.join(ROOT, "csrc")]
     extra = {"cxx": cxx}
     ext_cls = CppExtension
@@ -137,6 +139,7 @@ def extensions():
             sources=sources,
             include_dirs=include_dirs,
             extra_compile_args=extra,
+            extra_link_args=["-fopenmp"],  # resolves to the libgomp.so.1 that torch already loaded
         )
     ]
 

@@ -80,8 +80,14 @@ def demo(args) -> int:
         if first is None:
             first = out
         else:
-            same = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(out, first))
-            print(f"  same fg_mask and targets as on {devices[0]}: {same}")
+            # CPU and GPU math libraries round some transcendental results differently (SPEC.md, precision
+            # contract), so scores may differ in the last bits and a near-tie may fall the other way.
+            same = [torch.equal(out[i].cpu(), first[i].cpu()) for i in (0, 1, 3, 4)]
+            a, b = out[2].cpu().double(), first[2].cpu().double()
+            rel = float(((a - b).abs() / b.abs().clamp(min=1e-30)).max()) if b.numel() else 0.0
+            moved = int((out[3].cpu() != first[3]).sum())
+            print(f"  vs {devices[0]}: labels/boxes/fg/index identical: {all(same)} ({moved} fg anchors differ); "
+                  f"scores max relative difference {rel:.1e}")
         anc, gt, mask = batch["anc_points"], batch["gt_bboxes"], batch["mask_gt"]
         med_ref, _ = _time(lambda: reference.points_in_boxes(anc, gt, mask, stride_val), device, args.reps)
         line = f"  containment pass: reference {med_ref * 1e3:.2f} ms"
