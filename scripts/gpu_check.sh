@@ -12,6 +12,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}" PYTHONUNBUFFERED=1
 export LUCID_REQUIRE_EXT=1 LUCID_REQUIRE_PEER=1
+# The lent H200 image sets CXX=/opt/gcc/bin/g++, a wrapper whose builds crash (SIGSEGV) when the op throws a C++
+# exception (seen 2026-11-29); the system compiler of the same version works.
+if [ -x /usr/bin/g++ ]; then export CXX=/usr/bin/g++ CC=/usr/bin/gcc; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
 if ! python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
