@@ -10,6 +10,8 @@
 // and each backend passes in values from that same library.
 #pragma once
 
+#include <cmath>
+
 #if defined(__CUDACC__)
 #define LUCID_HD __host__ __device__ __forceinline__
 #else
@@ -61,6 +63,74 @@ LUCID_HD double mul(double a, double b) {
 #else
   return a * b;
 #endif
+}
+
+LUCID_HD float div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+LUCID_HD double div(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// Math functions of the backend's library: CUDA's on the device, the C library's on the host.
+LUCID_HD float sqrt_(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+LUCID_HD double sqrt_(double x) { return std::sqrt(x); }
+LUCID_HD float log_(float x) { return ::logf(x); }
+LUCID_HD double log_(double x) { return ::log(x); }
+LUCID_HD float exp_(float x) { return ::expf(x); }
+LUCID_HD double exp_(double x) { return ::exp(x); }
+LUCID_HD float pow_(float x, float e) { return ::powf(x, e); }
+LUCID_HD double pow_(double x, double e) { return ::pow(x, e); }
+
+// PyTorch's minimum/maximum/clamp propagate NaN.
+template <typename T>
+LUCID_HD bool isnan_(T x) {
+  return x != x;
+}
+template <typename T>
+LUCID_HD T min_(T a, T b) {
+  return isnan_(a) ? a : (isnan_(b) ? b : (b < a ? b : a));
+}
+template <typename T>
+LUCID_HD T max_(T a, T b) {
+  return isnan_(a) ? a : (isnan_(b) ? b : (b > a ? b : a));
+}
+template <typename T>
+LUCID_HD T clamp_min(T x, T lo) {
+  return x < lo ? lo : x;  // NaN stays NaN
+}
+template <typename T>
+LUCID_HD T clamp_range(T x, T lo, T hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+// x.pow(e) for a Python-number exponent, with PyTorch's special cases: e == 0 gives 1, e == 1 a copy, 2 and 3
+// repeated products, 0.5 a square root, -1 and -2 reciprocals; other exponents call the library's pow.
+template <typename T>
+LUCID_HD T pow_scalar(T x, double e) {
+  if (e == 0.0) return T(1);
+  if (e == 1.0) return x;
+  if (e == 2.0) return mul(x, x);
+  if (e == 3.0) return mul(mul(x, x), x);
+  if (e == 0.5) return sqrt_(x);
+  if (e == -0.5) return div(T(1), sqrt_(x));
+  if (e == -1.0) return div(T(1), x);
+  if (e == -2.0) return div(T(1), mul(x, x));
+  return pow_(x, static_cast<T>(e));
 }
 
 // ---- candidate regions (SPEC step 1) ----------------------------------------------------------------------------
@@ -138,6 +208,97 @@ LUCID_HD bool obb_contains(const ObbRegion<T>& r, T px, T py) {
   const T dab = add(mul(apx, r.abx), mul(apy, r.aby));
   const T dad = add(mul(apx, r.adx), mul(apy, r.ady));
   return dab >= T(0) && dab <= r.nab && dad >= T(0) && dad <= r.nad;
+}
+
+// ---- pair overlaps (SPEC step 2) ---------------------------------------------------------------------------------
+constexpr double kIouEps = 1e-7;
+
+// Complete-IoU of ground truth g and prediction p (x1 y1 x2 y2), not clamped. atan_g and atan_p are the per-box
+// atan(w / (h + eps)) of each box (w = x2 - x1, h = y2 - y1), computed by the backend's math library.
+template <typename T>
+LUCID_HD T ciou(T gx1, T gy1, T gx2, T gy2, T px1, T py1, T px2, T py2, T atan_g, T atan_p) {
+  const T eps = T(kIouEps);
+  const T gw = sub(gx2, gx1), gh = add(sub(gy2, gy1), eps);
+  const T pw = sub(px2, px1), ph = add(sub(py2, py1), eps);
+  const T iw = clamp_min(sub(min_(gx2, px2), max_(gx1, px1)), T(0));
+  const T ih = clamp_min(sub(min_(gy2, py2), max_(gy1, py1)), T(0));
+  const T inter = mul(iw, ih);
+  const T uni = add(sub(add(mul(gw, gh), mul(pw, ph)), inter), eps);
+  const T iou = div(inter, uni);
+  const T cw = sub(max_(gx2, px2), min_(gx1, px1));
+  const T ch = sub(max_(gy2, py2), min_(gy1, py1));
+  const T diag2 = add(add(mul(cw, cw), mul(ch, ch)), eps);
+  const T dx = sub(sub(add(px1, px2), gx1), gx2);
+  const T dy = sub(sub(add(py1, py2), gy1), gy2);
+  const T centre2 = mul(add(mul(dx, dx), mul(dy, dy)), T(0.25));  // /4, exact as *0.25
+  const T da = sub(atan_p, atan_g);
+  const T aspect = mul(mul(da, da), static_cast<T>(4.0 / (3.14159265358979323846 * 3.14159265358979323846)));
+  const T trade_off = div(aspect, add(add(sub(T(1), iou), aspect), eps));
+  return sub(iou, add(div(centre2, diag2), mul(aspect, trade_off)));
+}
+
+// Covariance [[a, c], [c, b]] of a box's Gaussian: w^2/12, h^2/12 rotated by the angle.
+template <typename T>
+struct Gauss {
+  T a, b, c;
+};
+
+// kReciprocal: divide by 12 as PyTorch does on the device (multiplying by the float reciprocal of 12) rather than
+// by a true division (PyTorch on the CPU).
+template <typename T, bool kReciprocal>
+LUCID_HD Gauss<T> gaussian(T w, T h, T cos_t, T sin_t) {
+  const T vw = kReciprocal ? mul(mul(w, w), T(1.0 / 12.0)) : div(mul(w, w), T(12));
+  const T vh = kReciprocal ? mul(mul(h, h), T(1.0 / 12.0)) : div(mul(h, h), T(12));
+  const T cos2 = mul(cos_t, cos_t), sin2 = mul(sin_t, sin_t);
+  return {add(mul(vw, cos2), mul(vh, sin2)), add(mul(vw, sin2), mul(vh, cos2)), mul(mul(sub(vw, vh), cos_t), sin_t)};
+}
+
+// Probabilistic IoU (1 - Hellinger distance) of ground truth g and prediction p, not clamped, in stages around its
+// four math-library calls (sqrt, log, exp, sqrt), so that a backend can evaluate those with another library (on the
+// CPU, PyTorch's sqrt is not the correctly rounded one):
+//   pre           -> t1 + t2, det and q = det_g * det_p
+//   log_arg(sqrt(q))  -> det / (4 sqrt(q) + eps) + eps
+//   bd(log(...))      -> clamp(t1 + t2 + log(...) / 2, eps, 100)
+//   sqrt_arg(exp(-bd)) -> 1 - exp(-bd) + eps
+//   finish(sqrt(...)) -> 1 - sqrt(...)
+template <typename T>
+struct ProbiouPre {
+  T t12, det, q;
+};
+
+template <typename T>
+LUCID_HD ProbiouPre<T> probiou_pre(T gx, T gy, const Gauss<T>& g, T px, T py, const Gauss<T>& p) {
+  const T eps = T(kIouEps);
+  const T sa = add(g.a, p.a), sb = add(g.b, p.b), sc = add(g.c, p.c);
+  const T det = sub(mul(sa, sb), mul(sc, sc));
+  const T dy = sub(gy, py), dx = sub(gx, px);
+  const T t1 = mul(div(add(mul(sa, mul(dy, dy)), mul(sb, mul(dx, dx))), add(det, eps)), T(0.25));
+  const T t2 = mul(div(mul(mul(sc, sub(px, gx)), sub(gy, py)), add(det, eps)), T(0.5));
+  const T det_g = clamp_min(sub(mul(g.a, g.b), mul(g.c, g.c)), T(0));
+  const T det_p = clamp_min(sub(mul(p.a, p.b), mul(p.c, p.c)), T(0));
+  return {add(t1, t2), det, mul(det_g, det_p)};
+}
+
+template <typename T>
+LUCID_HD T probiou_log_arg(T det, T sqrt_q) {
+  return add(div(det, add(mul(sqrt_q, T(4)), T(kIouEps))), T(kIouEps));
+}
+
+template <typename T>
+LUCID_HD T probiou_bd(T t12, T log_value) {
+  return clamp_range(add(t12, mul(log_value, T(0.5))), T(kIouEps), T(100));
+}
+
+template <typename T>
+LUCID_HD T probiou_sqrt_arg(T exp_neg_bd) {
+  return add(sub(T(1), exp_neg_bd), T(kIouEps));
+}
+
+template <typename T>
+LUCID_HD T probiou(T gx, T gy, const Gauss<T>& g, T px, T py, const Gauss<T>& p) {
+  const auto pre = probiou_pre(gx, gy, g, px, py, p);
+  const T bd = probiou_bd(pre.t12, log_(probiou_log_arg(pre.det, sqrt_(pre.q))));
+  return sub(T(1), sqrt_(probiou_sqrt_arg(exp_(-bd))));
 }
 
 }  // namespace geom

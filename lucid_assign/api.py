@@ -1,15 +1,24 @@
-"""The public functional form of the assignment, with argument checks.
+"""The public functional form of the assignment: argument checks and the choice of backend.
 
-Today every call runs the pure-PyTorch reference (lucid_assign.reference); the compiled backends plug in here.
+Backends: ``"kernel"`` (the compiled op torch.ops.lucid.assign), ``"reference"`` (the pure-PyTorch assigner of
+lucid_assign.reference) and ``"auto"`` (the kernel when the library is loaded, has a kernel for the tensors' device
+and supports their dtypes; otherwise the reference, saying once why). The environment variable
+``LUCID_ASSIGN_BACKEND`` (auto | kernel | reference), when set, overrides the argument.
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Sequence
 
 import torch
 
-from . import _library, reference
+from . import _library, ops, reference
+
+BACKENDS = ("auto", "kernel", "reference")
+ENV_BACKEND = "LUCID_ASSIGN_BACKEND"
+_warned: set = set()
 
 
 def _shape(t: torch.Tensor) -> tuple:
@@ -76,6 +85,7 @@ def assign(
     eps: float = 1e-9,
     stride: Sequence[float] = (8, 16, 32),
     topk2: int | None = None,
+    backend: str = "auto",
 ):
     """Task-aligned assignment (SPEC.md): HBB when the boxes' last dim is 4, OBB when it is 5.
 
@@ -86,6 +96,7 @@ def assign(
         gt_labels: (B, M, 1) class ids (float or integer).
         gt_bboxes: (B, M, 4|5) ground-truth boxes, same format as ``pd_bboxes``.
         mask_gt: (B, M, 1) nonzero for real objects, 0 for padding rows.
+        backend: "auto", "kernel" or "reference" (see the module docstring).
 
     Returns:
         ``(target_labels (B, A) int64, target_bboxes (B, A, 4|5), target_scores (B, A, C), fg_mask (B, A) bool,
@@ -95,14 +106,70 @@ def assign(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
         topk=topk, topk2=topk2, num_classes=num_classes, stride=stride,
     )
+    if choose_backend(backend, pd_scores, pd_bboxes, anc_points, gt_bboxes) == "kernel":
+        return ops.assign(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk, topk2=topk2,
+            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=reference.stride_value(stride),
+        )
     return reference.assign(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
         topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
     )
 
 
+def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
+    """Why the compiled assign cannot take these inputs, or None when it can."""
+    if not _library.loaded():
+        return f"the compiled library is not loaded ({_library.LOAD_ERROR})"
+    device = pd_scores.device.type
+    if device not in ("cpu", "cuda") or not _library.has_kernel("assign", device):
+        return f"the compiled library has no assign kernel for {device} tensors"
+    box_dtype = gt_bboxes.dtype
+    if box_dtype not in (torch.float32, torch.float64):
+        return f"the kernel takes float32 or float64 boxes, got {box_dtype}"
+    if pd_bboxes.dtype != box_dtype or anc_points.dtype != box_dtype:
+        return (f"the kernel needs pd_bboxes, anc_points and gt_bboxes of one dtype, got {pd_bboxes.dtype}, "
+                f"{anc_points.dtype} and {box_dtype}")
+    score_ok = (torch.float32, torch.float16, torch.bfloat16) if box_dtype == torch.float32 else (torch.float64,)
+    if pd_scores.dtype not in score_ok:
+        return f"the kernel takes {'/'.join(str(d) for d in score_ok)} scores with {box_dtype} boxes, got {pd_scores.dtype}"
+    return None
+
+
+def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str:
+    """Resolve ``backend`` (and ``LUCID_ASSIGN_BACKEND``) to "kernel" or "reference" for these inputs."""
+    forced = os.environ.get(ENV_BACKEND)
+    if forced:
+        if forced not in BACKENDS:
+            raise ValueError(f"{ENV_BACKEND} must be one of {BACKENDS}, got {forced!r}")
+        backend = forced
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "reference":
+        return "reference"
+    why = kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes)
+    if why is None:
+        return "kernel"
+    if backend == "kernel":
+        raise RuntimeError(f"backend='kernel' cannot run: {why}")
+    if why not in _warned:  # say it once per reason: users hate silent slow paths
+        _warned.add(why)
+        warnings.warn(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}", stacklevel=3)
+    return "reference"
+
+
 def backends() -> dict:
-    """What can run here: the reference always; the compiled ops per device when the library is loaded."""
+    """What can run here: the reference always; the compiled ops per device when the library is loaded; and what
+    ``backend="auto"`` picks for float32 inputs on each device."""
+    probe = {}
+    for device in ("cpu", "cuda"):
+        why = None
+        if not _library.loaded():
+            why = f"the compiled library is not loaded ({_library.LOAD_ERROR})"
+        elif not _library.has_kernel("assign", device):
+            why = f"no assign kernel for {device} tensors"
+        probe[device] = "kernel" if why is None else f"reference ({why})"
+    forced = os.environ.get(ENV_BACKEND)
     return {
         "reference": True,
         "library": _library.loaded(),
@@ -110,7 +177,9 @@ def backends() -> dict:
         "cpu_ops": sorted(op for op in _OPS if _library.has_kernel(op, "cpu")),
         "cuda_ops": sorted(op for op in _OPS if _library.has_kernel(op, "cuda")),
         "cuda_device": torch.cuda.is_available(),
+        "auto": probe,
+        "forced": forced,
     }
 
 
-_OPS = ("points_in_boxes",)
+_OPS = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign")

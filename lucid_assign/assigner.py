@@ -12,8 +12,9 @@ from .reference import stride_value
 class TaskAlignedAssigner(nn.Module):
     """Task-aligned assigner (TOOD) for axis-aligned boxes ``x1 y1 x2 y2``.
 
-    Same constructor and ``forward`` as the peer's ``TaskAlignedAssigner``; the outputs follow SPEC.md. A box last
-    dimension of 5 (``cx cy w h angle``) is assigned as oriented boxes, as RotatedTaskAlignedAssigner does.
+    Same constructor and ``forward`` as the peer's ``TaskAlignedAssigner`` (plus ``backend``: "auto", "kernel" or
+    "reference", see lucid_assign.api); the outputs follow SPEC.md. A box last dimension of 5 (``cx cy w h angle``)
+    is assigned as oriented boxes, as RotatedTaskAlignedAssigner does.
     """
 
     box_dims = (4, 5)
@@ -27,8 +28,12 @@ class TaskAlignedAssigner(nn.Module):
         stride: list | None = None,
         eps: float = 1e-9,
         topk2: int | None = None,
+        backend: str = "auto",
     ):
         super().__init__()
+        if backend not in api.BACKENDS:
+            raise ValueError(f"backend must be one of {api.BACKENDS}, got {backend!r}")
+        self.backend = backend
         self.topk = topk
         self.topk2 = topk2 or topk
         self.num_classes = num_classes
@@ -48,13 +53,13 @@ class TaskAlignedAssigner(nn.Module):
         return api.assign(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
             topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
-            stride=self.stride, topk2=self.topk2,
+            stride=self.stride, topk2=self.topk2, backend=self.backend,
         )
 
     def extra_repr(self) -> str:
         return (
             f"topk={self.topk}, topk2={self.topk2}, num_classes={self.num_classes}, alpha={self.alpha}, "
-            f"beta={self.beta}, stride={self.stride}"
+            f"beta={self.beta}, stride={self.stride}, backend={self.backend!r}"
         )
 
 

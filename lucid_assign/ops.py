@@ -35,6 +35,75 @@ def points_in_boxes(
     return torch.ops.lucid.points_in_boxes.default(anc_points, gt_bboxes, mask_gt, float(stride_val))
 
 
+def pair_overlaps(gt_bboxes: torch.Tensor, pd_bboxes: torch.Tensor) -> torch.Tensor:
+    """Overlap of paired boxes, ``torch.ops.lucid.pair_overlaps`` (SPEC step 2).
+
+    Args:
+        gt_bboxes: (N, 4) ``x1 y1 x2 y2`` or (N, 5) ``cx cy w h angle``, float32 or float64.
+        pd_bboxes: same shape and dtype.
+
+    Returns:
+        (N,) Complete-IoU (HBB) or probabilistic IoU (OBB) of row i of each, clamped below at 0.
+    """
+    _require("pair_overlaps")
+    return torch.ops.lucid.pair_overlaps.default(gt_bboxes, pd_bboxes)
+
+
+def box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates, alpha: float = 1.0, beta: float = 6.0):
+    """Class gather, alignment metric and masking, ``torch.ops.lucid.box_metrics`` (SPEC step 2), dense.
+
+    Args:
+        pd_scores: (B, A, C); pd_bboxes: (B, A, 4|5); gt_labels: (B, M, 1); gt_bboxes: (B, M, 4|5).
+        candidates: (B, M, A) bool, the pairs to evaluate (inside the candidate region and a real object).
+
+    Returns:
+        ``(align_metric, overlaps)``, each (B, M, A): at candidate pairs ``s^alpha * o^beta`` with ``s`` the score of
+        the object's class and ``o`` the pair overlap; 0 elsewhere. Labels of candidate pairs must be in [0, C).
+    """
+    _require("box_metrics")
+    return torch.ops.lucid.box_metrics.default(
+        pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates, float(alpha), float(beta)
+    )
+
+
+def resolve_conflicts(mask_pos: torch.Tensor, overlaps: torch.Tensor) -> torch.Tensor:
+    """Conflict resolution, ``torch.ops.lucid.resolve_conflicts`` (SPEC step 4), dense.
+
+    Args:
+        mask_pos: (B, M, A) bool, the positives of each object.
+        overlaps: (B, M, A) float, the pair overlaps (0 where not a candidate).
+
+    Returns:
+        (B, M, A) bool: an anchor positive for two or more objects keeps only the object with the largest overlap
+        over all M rows (ties and NaN: the first), which need not be one that claimed it; other anchors unchanged.
+    """
+    _require("resolve_conflicts")
+    return torch.ops.lucid.resolve_conflicts.default(mask_pos, overlaps)
+
+
+def assign(
+    pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk: int = 13, topk2: int | None = None,
+    num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0, eps: float = 1e-9, stride_val: float = 16.0,
+):
+    """The whole assignment, ``torch.ops.lucid.assign`` (SPEC steps 1-8), without any (B, M, A) tensor.
+
+    Args:
+        pd_scores: (B, A, C) float32/float16/bfloat16 (float64 with float64 boxes).
+        pd_bboxes, gt_bboxes: (B, A, D) and (B, M, D), D = 4 (HBB) or 5 (OBB), float32 or float64.
+        anc_points: (A, 2), dtype of the boxes. gt_labels, mask_gt: (B, M, 1).
+        topk, topk2: K and K2 (``topk2=None`` means K). stride_val: the side floor (``stride[1]`` of the trainer).
+
+    Returns:
+        ``(target_labels (B, A) int64, target_bboxes (B, A, D), target_scores (B, A, C) in the boxes' dtype,
+        fg_mask (B, A) bool, target_gt_idx (B, A) int64)``. The outputs never require grad.
+    """
+    _require("assign")
+    return torch.ops.lucid.assign.default(
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, int(topk), int(topk2 or topk),
+        int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
+    )
+
+
 if _library.loaded():
 
     @torch.library.register_fake("lucid::points_in_boxes")
@@ -43,3 +112,30 @@ if _library.loaded():
         torch._check(gt_bboxes.dim() == 3, lambda: f"gt_bboxes must be (B, M, 4|5), got {tuple(gt_bboxes.shape)}")
         bs, n_boxes = gt_bboxes.shape[:2]
         return gt_bboxes.new_empty((bs, n_boxes, anc_points.shape[0]), dtype=torch.bool)
+
+    @torch.library.register_fake("lucid::pair_overlaps")
+    def _pair_overlaps_fake(gt_bboxes, pd_bboxes):
+        return gt_bboxes.new_empty(gt_bboxes.shape[:1])
+
+    @torch.library.register_fake("lucid::box_metrics")
+    def _box_metrics_fake(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates, alpha, beta):
+        shape = candidates.shape
+        return pd_scores.new_empty(shape, dtype=gt_bboxes.dtype), pd_bboxes.new_empty(shape)
+
+    @torch.library.register_fake("lucid::resolve_conflicts")
+    def _resolve_conflicts_fake(mask_pos, overlaps):
+        return torch.empty_like(mask_pos, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("lucid::assign")
+    def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
+                     alpha, beta, eps, stride_val):
+        torch._check(pd_scores.dim() == 3, lambda: f"pd_scores must be (B, A, C), got {tuple(pd_scores.shape)}")
+        bs, n_anchors, n_cls = pd_scores.shape
+        box_dim = gt_bboxes.shape[-1]
+        return (
+            pd_scores.new_empty((bs, n_anchors), dtype=torch.long),
+            pd_scores.new_empty((bs, n_anchors, box_dim), dtype=gt_bboxes.dtype),
+            pd_scores.new_empty((bs, n_anchors, n_cls), dtype=gt_bboxes.dtype),
+            pd_scores.new_empty((bs, n_anchors), dtype=torch.bool),
+            pd_scores.new_empty((bs, n_anchors), dtype=torch.long),
+        )

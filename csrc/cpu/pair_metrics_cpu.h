@@ -1,0 +1,163 @@
+// Per-pair quantities of SPEC step 2 on the CPU: containment, overlap and alignment metric of (image b, object m,
+// anchor a), computed from per-box values prepared once. Used by the pass ops and by the fused assign.
+//
+// Transcendental functions come from ATen, the math library the reference uses on the CPU, so that overlaps carry
+// the reference's exact bits: per box (atan of the aspect ratio, cos/sin of the angle) and, in batches, per pair
+// (sqrt, log and exp of probiou; ATen's CPU sqrt is not always the correctly rounded one). ATen evaluates those the same way wherever an element sits in a tensor. The exception
+// is pow with a general exponent (the metric's o^beta, s^alpha): ATen's differs between vector bodies and tails,
+// so the reference's own bits depend on a pair's position; the C library's pow is used, within an ulp of either.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "geometry.h"
+
+namespace lucid {
+namespace cpu {
+
+// Per-box values of the overlap: atan(w / (h + eps)) for HBB, the Gaussian for OBB. boxes: (..., 4 | 5) of dtype T.
+template <typename T>
+struct BoxPrep {
+  at::Tensor holder;  // keeps the data alive
+  const T* data = nullptr;
+  int64_t width = 0;  // values per box: 1 (HBB) or 3 (OBB)
+
+  static BoxPrep make(const at::Tensor& boxes) {
+    BoxPrep p;
+    const auto flat = boxes.reshape({-1, boxes.size(-1)});
+    if (boxes.size(-1) == 4) {
+      const auto w = flat.select(1, 2) - flat.select(1, 0);
+      const auto h = flat.select(1, 3) - flat.select(1, 1) + geom::kIouEps;
+      p.holder = (w / h).atan().contiguous();
+      p.width = 1;
+    } else {
+      const auto theta = flat.select(1, 4);
+      const auto cos_t = theta.cos().contiguous(), sin_t = theta.sin().contiguous();
+      const auto wh = flat.narrow(1, 2, 2).contiguous();
+      const int64_t n = flat.size(0);
+      p.holder = at::empty({n, 3}, flat.options());
+      const T* c = cos_t.data_ptr<T>();
+      const T* s = sin_t.data_ptr<T>();
+      const T* d = wh.data_ptr<T>();
+      T* out = p.holder.data_ptr<T>();
+      for (int64_t i = 0; i < n; ++i) {
+        const auto g = geom::gaussian<T, /*kReciprocal=*/false>(d[2 * i], d[2 * i + 1], c[i], s[i]);
+        out[3 * i] = g.a;
+        out[3 * i + 1] = g.b;
+        out[3 * i + 2] = g.c;
+      }
+      p.width = 3;
+    }
+    p.data = p.holder.data_ptr<T>();
+    return p;
+  }
+};
+
+// Overlaps of pairs of boxes, clamped below at 0. The sqrt, log and exp of probiou go through ATen in batches, so
+// that every bit matches the reference on the CPU; all other operations are those of geometry.h.
+template <typename T>
+class OverlapBatch {
+ public:
+  // gt: (rows, D) with prepared values gp; pd: (boxes, D) with pp.
+  OverlapBatch(const T* gt, const BoxPrep<T>& gp, const T* pd, const BoxPrep<T>& pp, int64_t box_dim)
+      : gt_(gt), gp_(gp), pd_(pd), pp_(pp), d_(box_dim) {}
+
+  // out[k] = overlap(gt row gi[k], prediction pi[k]) for k < n.
+  void run(const int64_t* gi, const int64_t* pi, int64_t n, T* out) {
+    if (n == 0) return;
+    if (d_ == 4) {
+      for (int64_t k = 0; k < n; ++k) {
+        const T* g = gt_ + gi[k] * 4;
+        const T* p = pd_ + pi[k] * 4;
+        out[k] = geom::clamp_min(
+            geom::ciou<T>(g[0], g[1], g[2], g[3], p[0], p[1], p[2], p[3], gp_.data[gi[k]], pp_.data[pi[k]]), T(0));
+      }
+      return;
+    }
+    t12_.resize(n);
+    det_.resize(n);
+    arg_.resize(n);
+    val_.resize(n);
+    for (int64_t k = 0; k < n; ++k) {
+      const T* g = gt_ + gi[k] * 5;
+      const T* p = pd_ + pi[k] * 5;
+      const T* gg = gp_.data + gi[k] * 3;
+      const T* pg = pp_.data + pi[k] * 3;
+      const auto pre = geom::probiou_pre<T>(g[0], g[1], {gg[0], gg[1], gg[2]}, p[0], p[1], {pg[0], pg[1], pg[2]});
+      t12_[k] = pre.t12;
+      det_[k] = pre.det;
+      arg_[k] = pre.q;
+    }
+    auto val = blob(val_.data(), n);
+    const auto arg = blob(arg_.data(), n);
+    at::sqrt_out(val, arg);
+    for (int64_t k = 0; k < n; ++k) arg_[k] = geom::probiou_log_arg(det_[k], val_[k]);
+    at::log_out(val, arg);
+    for (int64_t k = 0; k < n; ++k) arg_[k] = -geom::probiou_bd(t12_[k], val_[k]);
+    at::exp_out(val, arg);
+    for (int64_t k = 0; k < n; ++k) arg_[k] = geom::probiou_sqrt_arg(val_[k]);
+    at::sqrt_out(val, arg);
+    for (int64_t k = 0; k < n; ++k) out[k] = geom::clamp_min(geom::sub(T(1), val_[k]), T(0));
+  }
+
+ private:
+  static at::Tensor blob(T* data, int64_t n) {
+    return at::from_blob(data, {n}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+  }
+  const T* gt_;
+  const BoxPrep<T>& gp_;
+  const T* pd_;
+  const BoxPrep<T>& pp_;
+  int64_t d_;
+  std::vector<T> t12_, det_, arg_, val_;
+};
+
+// Candidate regions of every (b, m) row, with the side floor applied to real objects.
+template <typename T>
+struct Regions {
+  std::vector<geom::HbbRegion<T>> hbb;
+  std::vector<geom::ObbRegion<T>> obb;
+  int64_t box_dim = 4;
+
+  // boxes: contiguous (B*M, D); valid: (B*M) bool
+  static Regions make(const at::Tensor& boxes, const bool* valid, T stride_val) {
+    Regions r;
+    r.box_dim = boxes.size(-1);
+    const auto flat = boxes.reshape({-1, r.box_dim}).contiguous();
+    const int64_t n = flat.size(0);
+    const T* b = flat.data_ptr<T>();
+    if (r.box_dim == 4) {
+      r.hbb.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const T* x = b + 4 * i;
+        r.hbb[i] = geom::hbb_candidate_region<T>(x[0], x[1], x[2], x[3], valid[i], stride_val);
+      }
+    } else {
+      const auto theta = flat.select(1, 4);
+      const auto cos_t = theta.cos().contiguous(), sin_t = theta.sin().contiguous();
+      const T* c = cos_t.data_ptr<T>();
+      const T* s = sin_t.data_ptr<T>();
+      r.obb.resize(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const T* x = b + 5 * i;
+        r.obb[i] = geom::obb_candidate_region<T>(x[0], x[1], x[2], x[3], c[i], s[i], valid[i], stride_val);
+      }
+    }
+    return r;
+  }
+
+  bool contains(int64_t row, T px, T py) const {
+    return box_dim == 4 ? geom::hbb_contains(hbb[row], px, py) : geom::obb_contains(obb[row], px, py);
+  }
+};
+
+template <typename S, typename T>
+inline T score_pow(S s, double alpha) {
+  // x.pow(alpha) on a tensor of dtype S: computed in the op math type, rounded to S.
+  return static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), alpha)));
+}
+
+}  // namespace cpu
+}  // namespace lucid

@@ -1,0 +1,94 @@
+"""Backend choice of the Python API: backend="auto" | "kernel" | "reference", LUCID_ASSIGN_BACKEND, and the fallback
+that says why it happened."""
+
+import warnings
+
+import pytest
+import torch
+
+import lucid_assign
+from lucid_assign import api, ops, reference
+
+from cases import STRIDES, make_problem
+
+
+@pytest.fixture
+def spies(monkeypatch):
+    calls = []
+    real_ops, real_ref = ops.assign, reference.assign
+    monkeypatch.setattr(ops, "assign", lambda *a, **k: calls.append("kernel") or real_ops(*a, **k))
+    monkeypatch.setattr(reference, "assign", lambda *a, **k: calls.append("reference") or real_ref(*a, **k))
+    monkeypatch.delenv(api.ENV_BACKEND, raising=False)
+    api._warned.clear()
+    return calls
+
+
+KW = dict(num_classes=7, topk=10, stride=STRIDES)
+
+
+def test_auto_uses_the_kernel_on_cpu(library, spies):
+    out = lucid_assign.assign(*make_problem(0, True), **KW)
+    assert spies == ["kernel"]
+    ref = reference.assign(*make_problem(0, True), **KW)
+    assert torch.equal(out[3], ref[3]) and torch.equal(out[4], ref[4])
+
+
+def test_reference_backend(spies):
+    lucid_assign.assign(*make_problem(0, False), backend="reference", **KW)
+    assert spies == ["reference"]
+
+
+def test_auto_falls_back_once_with_the_reason(library, spies):
+    args = list(make_problem(0, True))
+    args[2] = args[2].double()  # anchors of another dtype than the boxes: not supported by the kernel
+    with pytest.warns(UserWarning, match="anc_points"):
+        lucid_assign.assign(*args, **KW)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same reason is not repeated
+        lucid_assign.assign(*args, **KW)
+    assert spies == ["reference", "reference"]
+
+
+def test_kernel_backend_refuses_unsupported_inputs(library, spies):
+    args = list(make_problem(0, True))
+    args[1] = args[1].double()
+    args[4] = args[4].double()
+    with pytest.raises(RuntimeError, match="backend='kernel' cannot run"):
+        lucid_assign.assign(*args, backend="kernel", **KW)
+
+
+def test_environment_variable_forces_a_backend(library, spies, monkeypatch):
+    monkeypatch.setenv(api.ENV_BACKEND, "reference")
+    lucid_assign.assign(*make_problem(0, True), backend="kernel", **KW)
+    monkeypatch.setenv(api.ENV_BACKEND, "kernel")
+    lucid_assign.assign(*make_problem(0, True), backend="reference", **KW)
+    assert spies == ["reference", "kernel"]
+    monkeypatch.setenv(api.ENV_BACKEND, "fast")
+    with pytest.raises(ValueError, match=api.ENV_BACKEND):
+        lucid_assign.assign(*make_problem(0, True), **KW)
+
+
+def test_unknown_backend_is_an_error():
+    with pytest.raises(ValueError, match="backend"):
+        lucid_assign.assign(*make_problem(0, True), backend="gpu", **KW)
+    with pytest.raises(ValueError, match="backend"):
+        lucid_assign.RotatedTaskAlignedAssigner(backend="gpu")
+
+
+@pytest.mark.parametrize("obb", [False, True])
+def test_modules_dispatch(library, spies, obb):
+    cls = lucid_assign.RotatedTaskAlignedAssigner if obb else lucid_assign.TaskAlignedAssigner
+    inputs = make_problem(1, obb)
+    out_k = cls(topk=10, num_classes=7, stride=list(STRIDES))(*inputs)
+    out_r = cls(topk=10, num_classes=7, stride=list(STRIDES), backend="reference")(*inputs)
+    assert spies == ["kernel", "reference"]
+    for i in (0, 1, 3, 4):
+        assert torch.equal(out_k[i], out_r[i])
+    torch.testing.assert_close(out_k[2], out_r[2], rtol=1e-6, atol=0)
+
+
+def test_backends_report(library):
+    info = lucid_assign.backends()
+    assert info["library"] and info["reference"]
+    assert {"assign", "points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts"} <= set(info["cpu_ops"])
+    assert info["auto"]["cpu"] == "kernel"
