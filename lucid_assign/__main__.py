@@ -1,4 +1,8 @@
-"""Command line: ``python -m lucid_assign demo`` assigns a built-in DOTA-like batch and says what happened."""
+"""Command line (``lucid-assign`` or ``python -m lucid_assign``).
+
+    lucid-assign bench   time the assigners side by side on a built-in DOTA-like batch (the main job)
+    lucid-assign demo    assign a built-in DOTA-like batch with each backend and report what the assigner did
+"""
 
 from __future__ import annotations
 
@@ -107,9 +111,59 @@ def demo(args) -> int:
     return 0
 
 
+def bench(args) -> int:
+    from . import bench as B
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    batch = args.batch or (16 if device == "cuda" else 4)
+    reps = args.reps or (20 if device == "cuda" else 5)
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = set(backends) - {"reference", "kernel", "peer"}
+    if unknown:
+        raise SystemExit(f"--backends: unknown {sorted(unknown)}; choose from reference, kernel, peer")
+    kind = args.kind
+    spec = B.KINDS[kind]
+    env = B.environment()
+    print(f"lucid-assign bench: {kind.upper()} at {spec['img_size']} px, {spec['num_classes']} classes, batch {batch}, "
+          f"objects per image {args.objects}, top-k {B.TOPK}, device {device}")
+    print(f"torch {env['torch']} (CUDA {env['cuda']}), GPU {env['gpu']}, CPU threads {env['cpu_threads']}, "
+          f"commit {env['commit']}, {env['date']}")
+    results = B.run(kind, batch, args.objects, device, backends, reps, seed=args.seed, progress=not args.no_progress)
+    # what the assigner did on the largest batch
+    biggest = B.scene(kind, batch, max(args.objects), device, args.seed)[0]
+    done = [r["backend"] for r in results if r["objects"] == max(args.objects) and "median_s" in r]
+    shown = "kernel" if "kernel" in done else (done[0] if done else None)
+    if shown in ("kernel", "reference"):
+        print(f"\nassignment at {max(args.objects)} objects per image ({shown}):")
+        _describe(B.assign_runner(shown, kind)(biggest), biggest, biggest["stride"], spec["img_size"])
+    print()
+    print(B.table(results))
+    B.write_json(args.out, vars(args) | dict(device=device, batch=batch, reps=reps), results)
+    print(f"\nresults and environment written to {args.out}")
+    if args.plot:
+        B.plot(results, args.plot, f"{kind.upper()} {spec['img_size']} px, batch {batch}, {device} "
+               f"({env['gpu'] or env['cpu']}), {env['date']}")
+        print(f"plot written to {args.plot}")
+    return 0
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lucid_assign", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lucid-assign", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    bp = sub.add_parser("bench", help="time the assigners side by side on a built-in DOTA-like batch")
+    bp.add_argument("--kind", choices=("obb", "hbb"), default="obb",
+                    help="obb: 1024 px, 21,504 anchors, 15 classes; hbb: 640 px, 8,400 anchors, 80 classes")
+    bp.add_argument("--batch", type=int, default=None, help="images per batch (default 16 on a GPU, 4 on the CPU)")
+    bp.add_argument("--objects", type=int, nargs="+", default=[50, 200], help="objects per image (one run each)")
+    bp.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    bp.add_argument("--backends", default="reference,kernel,peer",
+                    help="comma-separated: reference, kernel, peer (the peer needs ultralytics)")
+    bp.add_argument("--reps", type=int, default=None, help="timed calls per case (default 20 on a GPU, 5 on the CPU)")
+    bp.add_argument("--seed", type=int, default=0)
+    bp.add_argument("--out", default="lucid-assign-bench.json", help="JSON file for the results and environment")
+    bp.add_argument("--plot", default=None, metavar="PNG", help="also plot time and memory against objects")
+    bp.add_argument("--no-progress", action="store_true")
     d = sub.add_parser("demo", help="assign a built-in DOTA-like batch and report what happened")
     d.add_argument("--batch", type=int, default=4)
     d.add_argument("--img-size", type=int, default=1024)
@@ -121,6 +175,8 @@ def main(argv=None) -> int:
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench(args)
     if args.command == "demo":
         return demo(args)
     return 2

@@ -1,4 +1,4 @@
-# Sourced by scripts/demo.sh and scripts/test.sh: create or reuse a virtual environment, install torch and the
+# Sourced by scripts/bench.sh and scripts/test.sh: create or reuse a virtual environment, install torch and the
 # package (compiled in place, so that the source tree imports the built library), and activate the environment.
 #   LUCID_VENV      the environment's folder (default .venv in the repository)
 #   LUCID_TORCH     the torch requirement (default torch==2.14.1)

@@ -1,0 +1,308 @@
+"""Benchmark machinery shared by ``lucid-assign bench`` and the pytest-benchmark suite in bench/.
+
+A case is a box kind (HBB at 640 px with 80 classes, or OBB at 1024 px with 15 classes, as in the peer's detect and
+OBB models), a batch size and a number of objects per image, on one device. A backend is the reference, the
+compiled kernel, or the peer trainer's assigner (``ultralytics``) when it is installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from . import api, ops, reference
+from .synthetic import dota_like_batch
+
+INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+KINDS = {
+    "hbb": dict(img_size=640, num_classes=80, obb=False),  # 8,400 anchors
+    "obb": dict(img_size=1024, num_classes=15, obb=True),  # 21,504 anchors
+}
+TOPK = 10
+# Dense backends (the reference, the peer, the dense pass ops) build several (B, M, A) tensors; above this many
+# elements on the CPU they take minutes and tens of GiB, so the benchmark skips them there and says so.
+DENSE_CPU_LIMIT = int(os.environ.get("LUCID_BENCH_DENSE_CPU_LIMIT", 120_000_000))
+DENSE_BYTES_PER_ELEMENT = 40  # measured order of the reference's peak per (B, M, A) element
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _host_scene(kind: str, batch: int, objects: int, seed: int):
+    return dota_like_batch(batch=batch, objects=objects, seed=seed, **KINDS[kind])
+
+
+def scene(kind: str, batch: int, objects: int, device="cpu", seed: int = 0, copies: int = 1):
+    """``copies`` independent copies of one seeded batch on ``device`` (rotated between timed calls)."""
+    host = _host_scene(kind, batch, objects, seed)
+    out = []
+    for _ in range(copies):
+        out.append({k: (v.to(device, copy=True) if isinstance(v, torch.Tensor) else v) for k, v in host.items()})
+    return out
+
+
+def peer_assigner(kind: str):
+    """The peer's assigner for this kind, or None when ultralytics is not installed."""
+    try:
+        from ultralytics.utils import tal
+    except ImportError:
+        return None
+    cls = tal.RotatedTaskAlignedAssigner if KINDS[kind]["obb"] else tal.TaskAlignedAssigner
+    return cls(topk=TOPK, num_classes=KINDS[kind]["num_classes"], alpha=0.5, beta=6.0, stride=[8, 16, 32])
+
+
+def dense_skip(backend: str, device, batch: int, objects: int, anchors: int) -> str | None:
+    """Why a dense backend is not run at this size on this device, or None."""
+    if backend == "kernel":
+        return None
+    elements = batch * objects * anchors
+    if torch.device(device).type == "cpu":
+        if elements > DENSE_CPU_LIMIT:
+            return f"{backend} builds (B, M, A) = {elements:,} element tensors; above {DENSE_CPU_LIMIT:,} on the CPU"
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    if elements * DENSE_BYTES_PER_ELEMENT > free:
+        return f"{backend} would need about {elements * DENSE_BYTES_PER_ELEMENT / 2**30:.0f} GiB of GPU memory"
+    return None
+
+
+def assign_runner(backend: str, kind: str):
+    """A callable batch -> outputs for ``backend`` ("reference", "kernel", "peer"), or a string saying why not."""
+    kw = dict(topk=TOPK, num_classes=KINDS[kind]["num_classes"], alpha=0.5, beta=6.0, stride=(8, 16, 32))
+    if backend == "peer":
+        peer = peer_assigner(kind)
+        if peer is None:
+            return "ultralytics is not installed"
+        return lambda b: peer(*(b[k] for k in INPUTS))
+    if backend == "kernel":
+        return lambda b: api.assign(*(b[k] for k in INPUTS), backend="kernel", **kw)
+    return lambda b: api.assign(*(b[k] for k in INPUTS), backend="reference", **kw)
+
+
+def kernel_unavailable(device) -> str | None:
+    probe = scene("hbb", 1, 1, "cpu")[0]
+    t = {k: probe[k].to(device) for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_bboxes")}
+    return api.kernel_unsupported(t["pd_scores"], t["pd_bboxes"], t["anc_points"], t["gt_bboxes"])
+
+
+def pass_runner(op: str, backend: str, batch: dict):
+    """A no-argument callable running one pass (``op``) with ``backend`` ("reference" or "kernel") on ``batch``."""
+    anc, gt, mask = batch["anc_points"], batch["gt_bboxes"], batch["mask_gt"]
+    stride_val = reference.stride_value(batch["stride"])
+    lib = ops if backend == "kernel" else reference
+    if op == "points_in_boxes":
+        return lambda: lib.points_in_boxes(anc, gt, mask, stride_val)
+    cand = reference.points_in_boxes(anc, gt, mask, stride_val) & mask.bool()
+    if op == "pair_overlaps":
+        b, m, a = cand.nonzero(as_tuple=True)
+        g, p = gt[b, m], batch["pd_bboxes"][b, a]
+        return lambda: lib.pair_overlaps(g, p)
+    args = (batch["pd_scores"], batch["pd_bboxes"], batch["gt_labels"], gt, cand)
+    if op == "box_metrics":
+        return lambda: lib.box_metrics(*args, 0.5, 6.0)
+    if op == "resolve_conflicts":
+        align, overlaps = reference.box_metrics(*args, 0.5, 6.0)
+        pos = reference.topk_mask(align, TOPK) & cand
+        return lambda: lib.resolve_conflicts(pos, overlaps)
+    raise ValueError(f"unknown pass {op!r}")
+
+
+def _rss_peak_reset() -> int | None:
+    """Return freed heap pages to the system, reset the peak resident set, and return the resident set now."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed blocks resident otherwise
+    except (OSError, AttributeError):
+        pass
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _proc_status("VmRSS")
+    except OSError:
+        return None
+
+
+def _proc_status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def peak_memory(fn, device) -> int | None:
+    """Bytes one call adds at its peak (GPU: caching allocator; CPU: the process's peak resident set)."""
+    if torch.device(device).type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        out = fn()
+        sync(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+        del out
+        return peak
+    base = _rss_peak_reset()
+    out = fn()
+    if base is None:
+        return None
+    peak = _proc_status("VmHWM") - base
+    del out
+    return peak
+
+
+def time_calls(fns, device, reps: int, warmup: int = 1) -> list:
+    """Seconds per call; calls cycle through ``fns`` (one per input copy) so caches do not flatter."""
+    for i in range(warmup):
+        fns[i % len(fns)]()
+    sync(device)
+    times = []
+    use_events = torch.device(device).type == "cuda"
+    for i in range(reps):
+        fn = fns[i % len(fns)]
+        if use_events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def environment() -> dict:
+    env = dict(
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        cpu=platform.processor() or platform.machine(),
+        cpu_threads=torch.get_num_threads(),
+        python=sys.version.split()[0],
+        date=time.strftime("%Y-%m-%d"),
+    )
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["commit"] = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                       text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        env["commit"] = None
+    return env
+
+
+class Progress:
+    """A one-line progress bar on stderr (no dependency)."""
+
+    def __init__(self, total: int, width: int = 30):
+        self.total, self.width, self.done = total, width, 0
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        filled = int(self.width * self.done / max(self.total, 1))
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} {label:<48.48}")
+        sys.stderr.flush()
+        if self.done == self.total:
+            sys.stderr.write("\n")
+
+
+def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: int = 0, progress: bool = True):
+    """Time ``assign`` for each backend and object count. Returns a list of result dicts."""
+    results = []
+    bar = Progress(len(objects_list) * len(backends)) if progress else None
+    for objects in objects_list:
+        copies = scene(kind, batch, objects, device, seed, copies=3)
+        n_anchors = copies[0]["anc_points"].shape[0]
+        for backend in backends:
+            row = dict(kind=kind, batch=batch, objects=objects, device=str(device), backend=backend,
+                       anchors=n_anchors)
+            why = kernel_unavailable(device) if backend == "kernel" else dense_skip(backend, device, batch, objects,
+                                                                                   n_anchors)
+            runner = assign_runner(backend, kind)
+            if why is None and isinstance(runner, str):
+                why = runner
+            if why is not None:
+                row["skipped"] = why
+            else:
+                fns = [functools.partial(runner, b) for b in copies]
+                row["peak_bytes"] = peak_memory(fns[0], device)
+                times = time_calls(fns, device, reps)
+                row.update(median_s=statistics.median(times), min_s=min(times), max_s=max(times), reps=reps)
+            results.append(row)
+            if bar:
+                bar.step(f"{kind} b{batch} m{objects} {backend}")
+    return results
+
+
+def table(results) -> str:
+    """Backends side by side per object count, with speed-ups against the reference and the peer."""
+    lines = [f"{'objects':>7} {'backend':<10} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'peak MiB':>9} "
+             f"{'vs reference':>12} {'vs peer':>8}"]
+    by_objects = {}
+    for r in results:
+        by_objects.setdefault(r["objects"], {})[r["backend"]] = r
+    for objects, rows in by_objects.items():
+        ref, peer = rows.get("reference", {}), rows.get("peer", {})
+        for backend, r in rows.items():
+            if "skipped" in r:
+                lines.append(f"{objects:>7} {backend:<10} skipped: {r['skipped']}")
+                continue
+            mem = f"{r['peak_bytes'] / 2**20:9.1f}" if r.get("peak_bytes") is not None else f"{'-':>9}"
+            vs_ref = f"{ref['median_s'] / r['median_s']:11.1f}x" if "median_s" in ref else f"{'-':>12}"
+            vs_peer = f"{peer['median_s'] / r['median_s']:7.1f}x" if "median_s" in peer else f"{'-':>8}"
+            lines.append(f"{objects:>7} {backend:<10} {r['median_s'] * 1e3:10.3f} {r['min_s'] * 1e3:9.3f} "
+                         f"{r['max_s'] * 1e3:9.3f} {mem} {vs_ref} {vs_peer}")
+    return "\n".join(lines)
+
+
+def plot(results, path: str, title: str) -> None:
+    """PNG of time and peak memory against objects per image, log scales, one line per backend."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise SystemExit(f"--plot needs matplotlib (pip install matplotlib): {exc}")
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
+    backends = sorted({r["backend"] for r in results})
+    for backend in backends:
+        rows = [r for r in results if r["backend"] == backend and "median_s" in r]
+        if not rows:
+            continue
+        xs = [r["objects"] for r in rows]
+        ax_t.plot(xs, [r["median_s"] * 1e3 for r in rows], marker="o", label=backend)
+        mem = [(r["objects"], r["peak_bytes"] / 2**20) for r in rows if r.get("peak_bytes")]
+        if mem:
+            ax_m.plot(*zip(*mem), marker="o", label=backend)
+    for ax, ylabel in ((ax_t, "median time per call (ms)"), (ax_m, "peak memory of a call (MiB)")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("objects per image")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_json(path: str, args: dict, results) -> None:
+    with open(path, "w") as f:
+        json.dump(dict(environment=environment(), args=args, results=results), f, indent=1)

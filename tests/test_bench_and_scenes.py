@@ -1,0 +1,105 @@
+"""The synthetic scenes, the `lucid-assign bench` command and the demo."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from lucid_assign import __main__ as cli
+from lucid_assign import reference
+from lucid_assign.synthetic import anchor_points, dota_like_batch
+
+KEYS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+
+
+def test_scene_is_seeded_and_reproducible():
+    a, b, c = (dota_like_batch(batch=2, img_size=256, objects=(5, 40), seed=s) for s in (3, 3, 4))
+    assert all(torch.equal(a[k], b[k]) for k in KEYS)
+    assert not torch.equal(a["gt_bboxes"], c["gt_bboxes"])
+
+
+@pytest.mark.parametrize("obb", [False, True])
+def test_scene_shapes_and_padding(obb):
+    s = dota_like_batch(batch=3, img_size=256, num_classes=5, objects=(4, 30), obb=obb, seed=1)
+    n = s["num_objects"]
+    m = max(n)
+    d = 5 if obb else 4
+    assert s["gt_bboxes"].shape == (3, m, d) and s["pd_bboxes"].shape == (3, anchor_points(256).shape[0], d)
+    assert s["pd_scores"].shape[-1] == 5 and ((s["pd_scores"] >= 0) & (s["pd_scores"] <= 1)).all()
+    for b, count in enumerate(n):
+        assert s["mask_gt"][b, :count].all() and not s["mask_gt"][b, count:].any()
+        assert (s["gt_bboxes"][b, count:] == 0).all()
+        assert ((s["gt_labels"][b, :count] >= 0) & (s["gt_labels"][b, :count] < 5)).all()
+
+
+def test_scene_size_spread_and_clusters():
+    s = dota_like_batch(batch=4, objects=300, seed=2)
+    valid = s["mask_gt"][..., 0].bool()
+    sides = s["gt_bboxes"][..., 2:4][valid]
+    assert sides.min() < 8 and sides.max() > 200  # a few pixels to several hundred
+    assert (sides.min(-1).values < 16).float().mean() > 0.05  # some under the stride floor (16)
+    angles = s["gt_bboxes"][..., 4][valid]
+    assert angles.abs().max() <= math.pi / 2 + 0.5 and angles.std() > 0.3  # rotated
+    # clusters: many objects share an angle exactly (a parking lot), which uniform placement never gives
+    _, counts = torch.unique(angles, return_counts=True)
+    assert counts.max() >= 8
+
+
+def test_scene_exercises_the_rare_paths():
+    s = dota_like_batch(batch=2, img_size=512, objects=120, seed=5)
+    scores, pd, anc, labels, gt, mask = (s[k] for k in KEYS)
+    inside = reference.points_in_boxes(anc, gt, mask, 16)
+    align, ov = reference.box_metrics(scores, pd, labels, gt, inside & mask.bool(), 0.5, 6.0)
+    pos = reference.topk_mask(align, 10) & inside & mask.bool()
+    assert (pos.sum(1) > 1).any(), "conflicts"
+    tiny = (gt[..., 2:4].min(-1).values < 16) & mask[..., 0].bool()
+    assert (pos.any(-1) & tiny).any(), "positives of objects under the stride floor"
+    per_object = pos.sum(-1)[mask[..., 0].bool()]
+    assert (per_object < 10).any() and (per_object == 10).any(), "top-k limited by the in-box count, and full"
+
+
+def test_kernel_matches_reference_on_a_realistic_scene(library):
+    s = dota_like_batch(batch=2, img_size=512, objects=(30, 150), seed=6)
+    inputs = [s[k] for k in KEYS]
+    kw = dict(topk=10, num_classes=15, alpha=0.5, beta=6.0, stride=s["stride"])
+    want = reference.assign(*inputs, **kw)
+    from lucid_assign import api
+
+    got = api.assign(*inputs, backend="kernel", **kw)
+    for i in (0, 1, 3, 4):
+        assert torch.equal(got[i], want[i])
+    torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=0)
+
+
+def test_bench_command_writes_json_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    rc = cli.main(["bench", "--kind", "hbb", "--batch", "1", "--objects", "5", "20", "--reps", "2", "--device",
+                   "cpu", "--out", str(out), "--plot", str(png), "--no-progress"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "positives per object" in text and "vs reference" in text
+    data = json.loads(out.read_text())
+    assert {"torch", "cuda", "gpu", "commit", "date"} <= set(data["environment"])
+    timed = [r for r in data["results"] if "median_s" in r]
+    assert {r["backend"] for r in timed} >= {"reference"}
+    assert all(r["min_s"] <= r["median_s"] <= r["max_s"] for r in timed)
+    head = png.read_bytes()[:8]
+    assert head == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    h, w = matplotlib.image.imread(str(png)).shape[:2]
+    assert (w, h) == (1210, 462)  # 11 x 4.2 inches at 110 dpi
+
+
+def test_bench_rejects_unknown_backend(tmp_path):
+    with pytest.raises(SystemExit, match="backends"):
+        cli.main(["bench", "--backends", "reference,fast", "--out", str(tmp_path / "x.json")])
+
+
+def test_demo_runs(capsys):
+    assert cli.main(["demo", "--batch", "1", "--img-size", "256", "--objects", "5", "20", "--reps", "1",
+                     "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "objects left with no positive" in text and "reference assign" in text
