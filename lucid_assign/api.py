@@ -125,8 +125,9 @@ def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | Non
     if device not in ("cpu", "cuda") or not _library.has_kernel("assign", device):
         return f"the compiled library has no assign kernel for {device} tensors"
     box_dtype = gt_bboxes.dtype
-    if box_dtype not in (torch.float32, torch.float64):
-        return f"the kernel takes float32 or float64 boxes, got {box_dtype}"
+    allowed = (torch.float32, torch.float64) if device == "cpu" else (torch.float32,)
+    if box_dtype not in allowed:
+        return f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}"
     if pd_bboxes.dtype != box_dtype or anc_points.dtype != box_dtype:
         return (f"the kernel needs pd_bboxes, anc_points and gt_bboxes of one dtype, got {pd_bboxes.dtype}, "
                 f"{anc_points.dtype} and {box_dtype}")

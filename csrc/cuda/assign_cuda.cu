@@ -1,0 +1,608 @@
+// torch.ops.lucid.assign on the GPU: SPEC.md steps 1-8, bit for bit as the reference on CUDA, without any
+// (B, M, A) tensor and without host synchronisation (CUDA-graph capturable).
+//
+// Design note: the passes, what each reads and writes, and why memory stays bounded.
+//
+//   prep_boxes_kernel        (B*M + B*A threads) per-box values: candidate region of each object (side floor),
+//                            atan(w/h) (HBB) or the Gaussian (OBB) of every object and prediction.
+//                            Writes B*M regions + (B*M + B*A) * 3 floats.
+//   candidates_topk_kernel   (one block per object row) scans all A anchors: containment, then metric and overlap of
+//                            the inside ones, compacted in index order into shared memory (recomputed on the fly
+//                            when a row has more than kListCap candidates). Selects the row's top K over all A
+//                            anchors by (metric desc, index asc), where outside anchors have metric 0, with a radix
+//                            select on order-preserving 32-bit keys and a block scan for the ties: this is the zero
+//                            fill of DESIGN.md trap 1. Writes claims: B*M*K (anchor, metric, overlap) + B*M counts.
+//   count_claims_kernel      (one thread per claim) per-anchor claim counter (atomicAdd) and claimant
+//                            (atomicMax: exact when the count is 1). Writes B*A.
+//   resolve_owners_kernel    (one thread per anchor) count 1: the claimant; count > 1: the first row with the
+//                            largest overlap over all M rows, recomputed (trap 2). Writes owner, metric, overlap: B*A.
+//   second_topk_kernel       (K2 != K; one block per row) the same selection over what the row owns (trap 3).
+//   row_maxima_kernel        (one thread per anchor) per-row max metric / overlap / count over the final owners,
+//                            by integer atomicMax on order-preserving keys (order-independent). Writes B*M.
+//   targets_kernel / scores_kernel  the outputs; background anchors take row 0 (trap 5), scores use trap 4.
+//
+// Every buffer is O(B*M*K + B*A + B*M); all come from the caching allocator on the current stream. Integer atomics
+// only; results do not depend on the order of threads. Indices into (B, A, C) and (B, M, ...) arrays are 64-bit.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/macros/Macros.h>
+#include <torch/library.h>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <limits>
+
+#include "checks.h"
+#include "geometry.h"
+
+namespace lucid {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kListCap = 2048;  // candidates per row kept in shared memory; more are recomputed
+constexpr uint32_t kZeroKey = 0x80000000u;
+
+// Order-preserving key of a metric: larger key = ranks first. NaN ranks above every number; -0 ties with +0.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  if (v != v) return 0xFFFFFFFFu;
+  if (v == 0.0f) return kZeroKey;
+  const uint32_t bits = __float_as_uint(v);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+__device__ __forceinline__ float key_to_float(uint32_t k) {
+  if (k == 0xFFFFFFFFu) return __int_as_float(0x7fc00000);
+  const uint32_t bits = (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k;
+  return __uint_as_float(bits);
+}
+
+template <typename T>
+struct Entry {
+  T align;
+  T overlap;
+  int32_t anchor;
+  uint32_t key;
+};
+
+template <typename T>
+struct Prep {
+  // per object row: region + values of the overlap; per prediction: values of the overlap
+  const geom::HbbRegion<T>* hbb;
+  const geom::ObbRegion<T>* obb;
+  const T* gprep;  // (B*M, W)
+  const T* pprep;  // (B*A, W)
+};
+
+template <typename S, typename T>
+struct Problem {
+  const S* scores;  // (B, A, C) contiguous
+  const T* pd;      // (B, A, D)
+  const T* anc;     // (A, 2)
+  const T* gt;      // (B, M, D)
+  const int64_t* labels;  // (B, M)
+  const bool* valid;      // (B, M)
+  int64_t B, A, C, M;
+  int D, K, K2;
+  double alpha, beta;
+  T eps;
+  Prep<T> prep;
+
+  __device__ bool contains(int64_t row, int64_t a) const {
+    const T px = anc[2 * a], py = anc[2 * a + 1];
+    return D == 4 ? geom::hbb_contains(prep.hbb[row], px, py) : geom::obb_contains(prep.obb[row], px, py);
+  }
+  __device__ bool candidate(int64_t row, int64_t a) const { return valid[row] && contains(row, a); }
+
+  __device__ T overlap(int64_t row, int64_t p) const {  // p = b*A + a
+    const T* g = gt + row * D;
+    const T* q = pd + p * D;
+    T o;
+    if (D == 4) {
+      o = geom::ciou<T>(g[0], g[1], g[2], g[3], q[0], q[1], q[2], q[3], prep.gprep[row * 3], prep.pprep[p * 3]);
+    } else {
+      const T* gg = prep.gprep + row * 3;
+      const T* pg = prep.pprep + p * 3;
+      o = geom::probiou<T>(g[0], g[1], {gg[0], gg[1], gg[2]}, q[0], q[1], {pg[0], pg[1], pg[2]});
+    }
+    return geom::clamp_min(o, T(0));
+  }
+
+  __device__ T align(int64_t row, int64_t p, T o) const {
+    const int64_t label = labels[row];
+    CUDA_KERNEL_ASSERT(label >= 0 && label < C && "gt_labels: a real object has a label outside [0, num_classes)");
+    const S s = scores[p * C + label];
+    // s.pow(alpha) in the score's dtype (computed in T, rounded to S), times o.pow(beta)
+    const T sp = static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), alpha)));
+    return geom::mul(sp, geom::pow_scalar(o, beta));
+  }
+
+  __device__ Entry<T> entry(int64_t row, int64_t b, int64_t a) const {
+    const T o = overlap(row, b * A + a);
+    const T al = align(row, b * A + a, o);
+    return {al, o, static_cast<int32_t>(a), order_key(al)};
+  }
+};
+
+// ---- per-box preparation -----------------------------------------------------------------------------------------
+template <typename T>
+__global__ void prep_boxes_kernel(const T* __restrict__ gt, const bool* __restrict__ valid, const T* __restrict__ pd,
+                                  int64_t n_rows, int64_t n_pred, int D, T stride_val, geom::HbbRegion<T>* hbb,
+                                  geom::ObbRegion<T>* obb, T* gprep, T* pprep) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows + n_pred) return;
+  const bool is_gt = i < n_rows;
+  const int64_t j = is_gt ? i : i - n_rows;
+  const T* box = (is_gt ? gt : pd) + j * D;
+  T* out = (is_gt ? gprep : pprep) + j * 3;
+  if (D == 4) {
+    // atan(w / (h + eps)), as the reference's (w / h).atan() on the device
+    const T w = geom::sub(box[2], box[0]);
+    const T h = geom::add(geom::sub(box[3], box[1]), T(geom::kIouEps));
+    out[0] = ::atan(geom::div(w, h));
+    if (is_gt) hbb[j] = geom::hbb_candidate_region<T>(box[0], box[1], box[2], box[3], valid[j], stride_val);
+  } else {
+    const T c = ::cos(box[4]), s = ::sin(box[4]);
+    const auto g = geom::gaussian<T, /*kReciprocal=*/true>(box[2], box[3], c, s);
+    out[0] = g.a;
+    out[1] = g.b;
+    out[2] = g.c;
+    if (is_gt) obb[j] = geom::obb_candidate_region<T>(box[0], box[1], box[2], box[3], c, s, valid[j], stride_val);
+  }
+}
+
+// ---- top-k of one row over all A anchors -------------------------------------------------------------------------
+// Entries (the explicit ones: candidates, or owned anchors) come from a Source in increasing anchor order; every
+// other anchor of the row has metric 0 (key kZeroKey). Selects the k best of the A anchors by (key desc, index asc)
+// and calls take(entry, slot) for each chosen explicit entry, slot in [0, k), in anchor order.
+template <typename T>
+struct SharedRow {
+  Entry<T> list[kListCap];
+  int hist[256];
+  uint32_t prefix;
+  int k_rem;
+  int n;
+  int taken;
+};
+
+using BlockScan = cub::BlockScan<int, kThreads>;
+using BlockReduce = cub::BlockReduce<int, kThreads>;
+
+// Source over the shared list.
+template <typename T>
+struct ListSource {
+  const SharedRow<T>* sh;
+  __device__ int64_t size() const { return sh->n; }
+  __device__ bool get(int64_t i, Entry<T>& e) const {
+    e = sh->list[i];
+    return true;
+  }
+};
+
+// Source that recomputes candidates of (row, b) over all A anchors.
+template <typename S, typename T>
+struct RecomputeSource {
+  const Problem<S, T>* P;
+  int64_t row, b;
+  __device__ int64_t size() const { return P->A; }
+  __device__ bool get(int64_t a, Entry<T>& e) const {
+    if (!P->contains(row, a)) return false;
+    e = P->entry(row, b, a);
+    return true;
+  }
+};
+
+// Source over the anchors a row owns (second top-k).
+template <typename T>
+struct OwnedSource {
+  const int64_t* owner;  // (A) of this image
+  const T* own_align;
+  const T* own_ov;
+  int64_t m, A;
+  __device__ int64_t size() const { return A; }
+  __device__ bool get(int64_t a, Entry<T>& e) const {
+    if (owner[a] != m) return false;
+    e = {own_align[a], own_ov[a], static_cast<int32_t>(a), order_key(own_align[a])};
+    return true;
+  }
+};
+
+template <typename T, typename Src, typename Take>
+__device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k, SharedRow<T>& sh,
+                           typename BlockScan::TempStorage& scan_tmp, Take take) {
+  const int64_t implicit = A - n_explicit;  // anchors with metric 0 that are not entries
+  if (threadIdx.x == 0) {
+    sh.prefix = 0;
+    sh.k_rem = k;
+  }
+  __syncthreads();
+  // radix select of the k-th largest key, 8 bits at a time
+  uint32_t mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.hist[i] = 0;
+    __syncthreads();
+    const uint32_t prefix = sh.prefix;
+    for (int64_t i = threadIdx.x; i < src.size(); i += blockDim.x) {
+      Entry<T> e;
+      if (src.get(i, e) && (e.key & mask) == prefix) atomicAdd(&sh.hist[(e.key >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if ((kZeroKey & mask) == prefix && implicit > 0) {
+        // at most A, which fits an int (A < 2^31 is checked by the host)
+        sh.hist[(kZeroKey >> shift) & 255u] += static_cast<int>(implicit);
+      }
+      int cum = 0;
+      for (int bin = 255; bin >= 0; --bin) {
+        if (cum + sh.hist[bin] >= sh.k_rem) {
+          sh.k_rem -= cum;
+          sh.prefix = prefix | (static_cast<uint32_t>(bin) << shift);
+          break;
+        }
+        cum += sh.hist[bin];
+      }
+    }
+    mask |= 0xFFu << shift;
+    __syncthreads();
+  }
+  const uint32_t kth = sh.prefix;  // the k-th largest key
+  const int k_eq = sh.k_rem;       // how many anchors with key == kth are taken (in anchor order)
+  // in-order pass: ties at kth are ranked by anchor index among all anchors with that key
+  int before_ne = 0, before_eq = 0, before_taken = 0;  // running totals over earlier chunks (same in all threads)
+  const int64_t n = src.size();
+  for (int64_t base = 0; base < n; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    Entry<T> e;
+    const bool has = i < n && src.get(i, e);
+    const int is_eq = has && e.key == kth;
+    const int is_ne_zero = has && e.key != kZeroKey;  // explicit entries that are not metric-0 anchors
+    int ex_eq, ex_ne, sum_eq, sum_ne;
+    BlockScan(scan_tmp).ExclusiveSum(is_eq, ex_eq, sum_eq);
+    __syncthreads();
+    BlockScan(scan_tmp).ExclusiveSum(is_ne_zero, ex_ne, sum_ne);
+    __syncthreads();
+    bool chosen = false;
+    if (has) {
+      if (e.key > kth) {
+        chosen = true;
+      } else if (is_eq) {
+        // rank among all anchors of key kth with a lower index; for the zero key that includes implicit anchors
+        const int64_t rank = kth == kZeroKey ? static_cast<int64_t>(e.anchor) - (before_ne + ex_ne)
+                                             : static_cast<int64_t>(before_eq + ex_eq);
+        chosen = rank < k_eq;
+      }
+    }
+    int ex_taken, sum_taken;
+    BlockScan(scan_tmp).ExclusiveSum(static_cast<int>(chosen), ex_taken, sum_taken);
+    __syncthreads();
+    if (chosen) take(e, before_taken + ex_taken);
+    before_eq += sum_eq;
+    before_ne += sum_ne;
+    before_taken += sum_taken;
+  }
+}
+
+// ---- pass 1 ----------------------------------------------------------------------------------------------------
+template <typename S, typename T>
+__global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, int32_t* claim_n,
+                                                                     int32_t* claim_anchor, T* claim_align,
+                                                                     T* claim_ov) {
+  const int64_t row = blockIdx.x;
+  const int64_t b = row / P.M;
+  __shared__ SharedRow<T> sh;
+  __shared__ typename BlockScan::TempStorage scan_tmp;
+  if (!P.valid[row]) {
+    if (threadIdx.x == 0) claim_n[row] = 0;
+    return;
+  }
+  if (threadIdx.x == 0) sh.n = 0;
+  __syncthreads();
+  // compaction in anchor order
+  int count = 0;  // candidates so far (same in all threads)
+  for (int64_t base = 0; base < P.A; base += blockDim.x) {
+    const int64_t a = base + threadIdx.x;
+    const int inside = a < P.A && P.contains(row, a);
+    int offset, total;
+    BlockScan(scan_tmp).ExclusiveSum(inside, offset, total);
+    __syncthreads();
+    if (inside && count + offset < kListCap) sh.list[count + offset] = P.entry(row, b, a);
+    count += total;
+  }
+  if (threadIdx.x == 0) sh.n = count < kListCap ? count : kListCap;
+  __syncthreads();
+  const int k = P.K;
+  int32_t* anchors = claim_anchor + row * k;
+  T* al = claim_align + row * k;
+  T* ov = claim_ov + row * k;
+  auto take = [&](const Entry<T>& e, int slot) {
+    anchors[slot] = e.anchor;
+    al[slot] = e.align;
+    ov[slot] = e.overlap;
+  };
+  auto take_count = [&](const Entry<T>& e, int slot) {
+    take(e, slot);
+    atomicMax(&sh.taken, slot + 1);
+  };
+  if (threadIdx.x == 0) sh.taken = 0;
+  __syncthreads();
+  if (count <= kListCap) {
+    ListSource<T> src{&sh};
+    select_row<T>(src, count, P.A, k, sh, scan_tmp, take_count);
+  } else {
+    RecomputeSource<S, T> src{&P, row, b};
+    select_row<T>(src, count, P.A, k, sh, scan_tmp, take_count);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) claim_n[row] = sh.taken;
+}
+
+// ---- passes 2-3 ------------------------------------------------------------------------------------------------
+template <typename T>
+__global__ void count_claims_kernel(const int32_t* claim_n, const int32_t* claim_anchor, int64_t n_rows, int64_t M,
+                                    int64_t A, int k, int32_t* count, unsigned long long* claimant) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_rows * k) return;
+  const int64_t row = i / k, slot = i % k;
+  if (slot >= claim_n[row]) return;
+  const int64_t idx = (row / M) * A + claim_anchor[i];
+  atomicAdd(&count[idx], 1);
+  atomicMax(&claimant[idx], static_cast<unsigned long long>(i));
+}
+
+template <typename S, typename T>
+__global__ void resolve_owners_kernel(Problem<S, T> P, const int32_t* count, const unsigned long long* claimant,
+                                      const T* claim_align, const T* claim_ov, int64_t* owner, T* own_align,
+                                      T* own_ov) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= P.B * P.A) return;
+  const int64_t b = i / P.A, a = i % P.A;
+  const int c = count[i];
+  if (c == 0) {
+    owner[i] = -1;
+    own_align[i] = T(0);
+    own_ov[i] = T(0);
+    return;
+  }
+  if (c == 1) {
+    const int64_t slot = static_cast<int64_t>(claimant[i]);
+    owner[i] = slot / P.K - b * P.M;
+    own_align[i] = claim_align[slot];
+    own_ov[i] = claim_ov[slot];
+    return;
+  }
+  // first maximum of the overlap over all rows, 0 where not a candidate; NaN counts as the maximum (torch.argmax)
+  int64_t best = 0;
+  T best_v = T(0);
+  bool best_cand = false;
+  for (int64_t m = 0; m < P.M; ++m) {
+    const int64_t row = b * P.M + m;
+    const bool cand = P.candidate(row, a);
+    const T v = cand ? P.overlap(row, i) : T(0);
+    if (m == 0 || (!geom::isnan_(best_v) && (geom::isnan_(v) || v > best_v))) {
+      best = m;
+      best_v = v;
+      best_cand = cand;
+    }
+  }
+  owner[i] = best;
+  own_ov[i] = best_v;
+  own_align[i] = best_cand ? P.align(b * P.M + best, i, best_v) : T(0);
+}
+
+// ---- pass 4 ----------------------------------------------------------------------------------------------------
+template <typename T>
+__global__ void __launch_bounds__(kThreads) second_topk_kernel(int64_t* owner, const T* own_align, const T* own_ov,
+                                                                 int64_t M, int64_t A, int k2, int32_t* keep) {
+  const int64_t row = blockIdx.x;
+  const int64_t b = row / M, m = row % M;
+  __shared__ SharedRow<T> sh;
+  __shared__ typename BlockScan::TempStorage scan_tmp;
+  __shared__ typename BlockReduce::TempStorage reduce_tmp;
+  __shared__ int n_owned;
+  const int64_t* own = owner + b * A;
+  int local = 0;
+  for (int64_t a = threadIdx.x; a < A; a += blockDim.x) local += own[a] == m;
+  const int total = BlockReduce(reduce_tmp).Sum(local);
+  if (threadIdx.x == 0) n_owned = total;
+  __syncthreads();
+  if (n_owned == 0) return;
+  OwnedSource<T> src{own, own_align + b * A, own_ov + b * A, m, A};
+  // survivors are flagged in `keep`; the owner array is updated by a later kernel so no block reads a changed value
+  select_row<T>(src, n_owned, A, k2, sh, scan_tmp, [&](const Entry<T>& e, int) { keep[b * A + e.anchor] = 1; });
+}
+
+__global__ void apply_keep_kernel(int64_t* owner, const int32_t* keep, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n && owner[i] >= 0 && !keep[i]) owner[i] = -1;
+}
+
+// ---- pass 5 ----------------------------------------------------------------------------------------------------
+template <typename T>
+__global__ void row_maxima_kernel(const int64_t* owner, const T* own_align, const T* own_ov, int64_t B, int64_t M,
+                                  int64_t A, uint32_t* best_align, uint32_t* best_ov, int32_t* owned) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= B * A) return;
+  const int64_t m = owner[i];
+  if (m < 0) return;
+  const int64_t row = (i / A) * M + m;
+  atomicMax(&best_align[row], order_key(own_align[i]));
+  atomicMax(&best_ov[row], order_key(own_ov[i]));
+  atomicAdd(&owned[row], 1);
+}
+
+// ---- pass 6 ----------------------------------------------------------------------------------------------------
+template <typename T>
+__global__ void targets_kernel(const int64_t* owner, const T* own_align, const uint32_t* best_align,
+                               const uint32_t* best_ov, const int32_t* owned, const int64_t* labels, const T* gt,
+                               int64_t B, int64_t M, int64_t A, int D, T eps, int64_t* out_labels, T* out_boxes,
+                               bool* out_fg, int64_t* out_idx, T* norm_out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= B * A) return;
+  const int64_t b = i / A;
+  const int64_t m = owner[i];
+  const bool fg = m >= 0;
+  const int64_t idx = fg ? m : 0;
+  const int64_t row = b * M + idx;
+  out_fg[i] = fg;
+  out_idx[i] = idx;
+  const int64_t label = labels[row];
+  out_labels[i] = label < 0 ? 0 : label;
+  for (int d = 0; d < D; ++d) out_boxes[i * D + d] = gt[row * D + d];
+  T norm = T(0);
+  if (fg) {
+    // maxima over the row: the owned anchors, and 0 from the others when the row does not own all A
+    const bool has_zero = owned[row] < A;
+    T pa = static_cast<T>(key_to_float(best_align[row]));
+    T po = static_cast<T>(key_to_float(best_ov[row]));
+    if (has_zero) {
+      pa = geom::max_(pa, T(0));
+      po = geom::max_(po, T(0));
+    }
+    norm = geom::div(geom::mul(own_align[i], po), geom::add(pa, eps));
+    if (M > 1) norm = geom::max_(norm, T(0));  // every other row contributes 0 to the maximum over rows
+  }
+  norm_out[i] = norm;
+}
+
+template <typename T>
+__global__ void scores_kernel(const bool* fg, const int64_t* labels, const T* norm, int64_t n_anchor_rows, int64_t C,
+                              T* scores) {
+  const int64_t total = n_anchor_rows * C;
+  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = j / C, c = j % C;
+    scores[j] = (fg[i] && labels[i] == c) ? norm[i] : T(0);
+  }
+}
+
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  TORCH_CHECK(b <= std::numeric_limits<int32_t>::max(), "lucid.assign: problem too large for one launch (", n,
+              " threads)");
+  return static_cast<unsigned>(b < 1 ? 1 : b);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cuda(
+    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
+    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2, int64_t num_classes,
+    double alpha, double beta, double eps, double stride_val) {
+  const int64_t D = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                      num_classes, stride_val);
+  const c10::cuda::CUDAGuard guard(pd_scores.device());
+  const int64_t B = pd_scores.size(0), A = pd_scores.size(1), C = pd_scores.size(2), M = gt_bboxes.size(1);
+  TORCH_CHECK(A < std::numeric_limits<int32_t>::max() / 2, "lucid.assign: too many anchors (", A, ")");
+  TORCH_CHECK(topk < std::numeric_limits<int32_t>::max() && topk2 < std::numeric_limits<int32_t>::max(),
+              "topk and topk2 must fit in 32 bits");
+  const auto box_t = gt_bboxes.scalar_type();
+  auto opts = pd_scores.options();
+  auto target_labels = at::empty({B, A}, opts.dtype(at::kLong));
+  auto target_bboxes = at::empty({B, A, D}, opts.dtype(box_t));
+  auto target_scores = at::empty({B, A, C}, opts.dtype(box_t));
+  auto fg_mask = at::empty({B, A}, opts.dtype(at::kBool));
+  auto target_gt_idx = at::empty({B, A}, opts.dtype(at::kLong));
+  if (M == 0) {
+    target_labels.fill_(num_classes);
+    target_bboxes.zero_();
+    target_scores.zero_();
+    fg_mask.zero_();
+    target_gt_idx.zero_();
+    return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+  }
+  if (B * A == 0) return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto valid = mask_gt.reshape({B, M}).ne(0).contiguous();
+  const auto labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
+  const auto scores = pd_scores.contiguous();
+  const auto pd = pd_bboxes.contiguous(), gt = gt_bboxes.contiguous(), anc = anc_points.contiguous();
+  const auto i32 = opts.dtype(at::kInt);
+  TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
+              " (the Python API falls back to the reference for other dtypes)");
+  {
+    using T = float;
+    const auto topts = opts.dtype(box_t);
+    // per-box preparation
+    auto regions = at::empty({B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
+                                                                   : sizeof(geom::ObbRegion<T>))},
+                             opts.dtype(at::kByte));
+    auto gprep = at::empty({B * M, 3}, topts);
+    auto pprep = at::empty({B * A, 3}, topts);
+    auto* hbb = reinterpret_cast<geom::HbbRegion<T>*>(regions.data_ptr());
+    auto* obb = reinterpret_cast<geom::ObbRegion<T>*>(regions.data_ptr());
+    prep_boxes_kernel<T><<<blocks_for(B * M + B * A), kThreads, 0, stream>>>(
+        gt.data_ptr<T>(), valid.data_ptr<bool>(), pd.data_ptr<T>(), B * M, B * A, static_cast<int>(D),
+        static_cast<T>(stride_val), hbb, obb, gprep.data_ptr<T>(), pprep.data_ptr<T>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+    auto claim_n = at::empty({B * M}, i32);
+    auto claim_anchor = at::empty({B * M, topk}, i32);
+    auto claim_align = at::empty({B * M, topk}, topts);
+    auto claim_ov = at::empty({B * M, topk}, topts);
+    auto count = at::zeros({B, A}, i32);
+    auto claimant = at::zeros({B, A}, opts.dtype(at::kLong));
+    auto owner = at::empty({B, A}, opts.dtype(at::kLong));
+    auto own_align = at::empty({B, A}, topts);
+    auto own_ov = at::empty({B, A}, topts);
+    auto best_align = at::zeros({B * M}, i32);  // keys; 0 ranks below every number
+    auto best_ov = at::zeros({B * M}, i32);
+    auto owned = at::zeros({B * M}, i32);
+    auto norm = at::empty({B, A}, topts);
+
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
+      using S = scalar_t;
+      Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), anc.data_ptr<T>(), gt.data_ptr<T>(),
+                      labels.data_ptr<int64_t>(), valid.data_ptr<bool>(), B, A, C, M, static_cast<int>(D),
+                      static_cast<int>(topk), static_cast<int>(topk2), alpha, beta, static_cast<T>(eps),
+                      Prep<T>{hbb, obb, gprep.data_ptr<T>(), pprep.data_ptr<T>()}};
+      TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
+      candidates_topk_kernel<S, T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
+          P, claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), claim_align.data_ptr<T>(),
+          claim_ov.data_ptr<T>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      count_claims_kernel<T><<<blocks_for(B * M * topk), kThreads, 0, stream>>>(
+          claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), B * M, M, A, static_cast<int>(topk),
+          count.data_ptr<int32_t>(), reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      resolve_owners_kernel<S, T><<<blocks_for(B * A), kThreads, 0, stream>>>(
+          P, count.data_ptr<int32_t>(), reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()),
+          claim_align.data_ptr<T>(), claim_ov.data_ptr<T>(), owner.data_ptr<int64_t>(), own_align.data_ptr<T>(),
+          own_ov.data_ptr<T>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    if (topk2 != topk) {
+      auto keep = at::zeros({B, A}, i32);
+      second_topk_kernel<T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
+          owner.data_ptr<int64_t>(), own_align.data_ptr<T>(), own_ov.data_ptr<T>(), M, A, static_cast<int>(topk2),
+          keep.data_ptr<int32_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      apply_keep_kernel<<<blocks_for(B * A), kThreads, 0, stream>>>(owner.data_ptr<int64_t>(),
+                                                                      keep.data_ptr<int32_t>(), B * A);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+    row_maxima_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
+        owner.data_ptr<int64_t>(), own_align.data_ptr<T>(), own_ov.data_ptr<T>(), B, M, A,
+        reinterpret_cast<uint32_t*>(best_align.data_ptr<int32_t>()),
+        reinterpret_cast<uint32_t*>(best_ov.data_ptr<int32_t>()), owned.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    targets_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
+        owner.data_ptr<int64_t>(), own_align.data_ptr<T>(), reinterpret_cast<uint32_t*>(best_align.data_ptr<int32_t>()),
+        reinterpret_cast<uint32_t*>(best_ov.data_ptr<int32_t>()), owned.data_ptr<int32_t>(),
+        labels.data_ptr<int64_t>(), gt.data_ptr<T>(), B, M, A, static_cast<int>(D), static_cast<T>(eps),
+        target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(), fg_mask.data_ptr<bool>(),
+        target_gt_idx.data_ptr<int64_t>(), norm.data_ptr<T>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const int64_t n_scores = B * A * C;
+    const unsigned score_blocks = static_cast<unsigned>(std::min<int64_t>((n_scores + kThreads - 1) / kThreads, 65536));
+    scores_kernel<T><<<score_blocks, kThreads, 0, stream>>>(fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(),
+                                                            norm.data_ptr<T>(), B * A, C, target_scores.data_ptr<T>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lucid, CUDA, m) { m.impl("assign", &assign_cuda); }
+
+}  // namespace lucid
