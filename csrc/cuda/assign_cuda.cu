@@ -160,6 +160,7 @@ __global__ void prep_boxes_kernel(const T* __restrict__ gt, const bool* __restri
 template <typename T>
 struct SharedRow {
   Entry<T> list[kListCap];
+  int32_t idx[kListCap];  // candidate anchors found through the cell index, sorted before use
   int hist[256];
   uint32_t prefix;
   int k_rem;
@@ -229,19 +230,35 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
       if (src.get(i, e) && (e.key & mask) == prefix) atomicAdd(&sh.hist[(e.key >> shift) & 255u], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      if ((kZeroKey & mask) == prefix && implicit > 0) {
-        // at most A, which fits an int (A < 2^31 is checked by the host)
+    if (threadIdx.x < 32) {
+      // warp 0 finds the bin holding the k_rem-th largest key: each lane sums 8 bins from the top, a warp scan
+      // finds the lane where the running count reaches k_rem, and that lane walks its 8 bins
+      const int lane = threadIdx.x;
+      if (lane == 0 && (kZeroKey & mask) == prefix && implicit > 0) {
+        // at most A, which fits an int (A < 2^30 is checked by the host)
         sh.hist[(kZeroKey >> shift) & 255u] += static_cast<int>(implicit);
       }
-      int cum = 0;
-      for (int bin = 255; bin >= 0; --bin) {
-        if (cum + sh.hist[bin] >= sh.k_rem) {
-          sh.k_rem -= cum;
-          sh.prefix = prefix | (static_cast<uint32_t>(bin) << shift);
-          break;
+      __syncwarp();
+      const int k_rem = sh.k_rem;
+      int cnt = 0;
+      for (int j = 0; j < 8; ++j) cnt += sh.hist[255 - lane * 8 - j];
+      int incl = cnt;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+      }
+      const int excl = incl - cnt;
+      if (excl < k_rem && incl >= k_rem) {
+        int cum = excl;
+        for (int j = 0; j < 8; ++j) {
+          const int bin = 255 - lane * 8 - j;
+          if (cum + sh.hist[bin] >= k_rem) {
+            sh.k_rem = k_rem - cum;
+            sh.prefix = prefix | (static_cast<uint32_t>(bin) << shift);
+            break;
+          }
+          cum += sh.hist[bin];
         }
-        cum += sh.hist[bin];
       }
     }
     mask |= 0xFFu << shift;
@@ -284,34 +301,223 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
   }
 }
 
+// ---- anchor cell index -----------------------------------------------------------------------------------------
+// Anchors are bucketed into a kCells x kCells grid over their bounding box, so that a row visits only the anchors of
+// the cells its candidate region's bounding box touches. The candidate set does not depend on the bucketing (the
+// exact containment test decides; the box is widened by a margin), and candidates are sorted by anchor index before
+// the selection, so the result is the same as a scan of all anchors.
+constexpr int kCells = 64;
+
+struct CellIndex {
+  const float* bounds;     // min x, min y, max x, max y (written by anchor_bounds_kernel)
+  const int32_t* offsets;  // (kCells^2 + 1) start of each cell in `sorted`
+  const int32_t* sorted;   // (A) anchors grouped by cell
+};
+
+struct MinOp {
+  __device__ float operator()(float a, float b) const { return fminf(a, b); }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+__global__ void anchor_bounds_kernel(const float* anc, int64_t A, float* bounds) {
+  // one block; NaN anchors never lie inside a box and are left out of the index
+  float lo_x = INFINITY, lo_y = INFINITY, hi_x = -INFINITY, hi_y = -INFINITY;
+  for (int64_t a = threadIdx.x; a < A; a += blockDim.x) {
+    const float x = anc[2 * a], y = anc[2 * a + 1];
+    if (x != x || y != y) continue;
+    lo_x = fminf(lo_x, x);
+    lo_y = fminf(lo_y, y);
+    hi_x = fmaxf(hi_x, x);
+    hi_y = fmaxf(hi_y, y);
+  }
+  using R = cub::BlockReduce<float, kThreads>;
+  __shared__ typename R::TempStorage tmp;
+  const float v0 = R(tmp).Reduce(lo_x, MinOp());
+  __syncthreads();
+  const float v1 = R(tmp).Reduce(lo_y, MinOp());
+  __syncthreads();
+  const float v2 = R(tmp).Reduce(hi_x, MaxOp());
+  __syncthreads();
+  const float v3 = R(tmp).Reduce(hi_y, MaxOp());
+  if (threadIdx.x == 0) {
+    bounds[0] = v0;
+    bounds[1] = v1;
+    bounds[2] = v2;
+    bounds[3] = v3;
+  }
+}
+
+// Cell of a point along one axis; -1 when the index cannot be used (non-finite bounds).
+__device__ __forceinline__ int cell_of(float v, float lo, float hi) {
+  if (!(hi - lo < INFINITY)) return -1;
+  const float span = hi - lo;
+  if (!(span > 0.0f)) return 0;
+  const float f = (v - lo) / span * kCells;
+  if (!(f >= 0.0f)) return 0;  // also NaN
+  return f >= kCells ? kCells - 1 : static_cast<int>(f);
+}
+
+__global__ void anchor_cells_count_kernel(const float* anc, int64_t A, const float* bounds, int32_t* counts) {
+  const int64_t a = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (a >= A) return;
+  const float x = anc[2 * a], y = anc[2 * a + 1];
+  if (x != x || y != y) return;
+  const int cx = cell_of(x, bounds[0], bounds[2]), cy = cell_of(y, bounds[1], bounds[3]);
+  if (cx < 0 || cy < 0) return;
+  atomicAdd(&counts[cy * kCells + cx], 1);
+}
+
+__global__ void anchor_cells_scan_kernel(const int32_t* counts, int32_t* offsets, int32_t* cursor) {
+  // one block of kThreads threads, kCells^2 / kThreads cells each
+  constexpr int per = kCells * kCells / kThreads;
+  int local[per];
+  int sum = 0;
+  for (int j = 0; j < per; ++j) {
+    local[j] = counts[threadIdx.x * per + j];
+    sum += local[j];
+  }
+  __shared__ typename BlockScan::TempStorage tmp;
+  int start, total;
+  BlockScan(tmp).ExclusiveSum(sum, start, total);
+  for (int j = 0; j < per; ++j) {
+    offsets[threadIdx.x * per + j] = start;
+    cursor[threadIdx.x * per + j] = start;
+    start += local[j];
+  }
+  if (threadIdx.x == kThreads - 1) offsets[kCells * kCells] = total;
+}
+
+__global__ void anchor_cells_fill_kernel(const float* anc, int64_t A, const float* bounds, int32_t* cursor,
+                                         int32_t* sorted) {
+  const int64_t a = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (a >= A) return;
+  const float x = anc[2 * a], y = anc[2 * a + 1];
+  if (x != x || y != y) return;
+  const int cx = cell_of(x, bounds[0], bounds[2]), cy = cell_of(y, bounds[1], bounds[3]);
+  if (cx < 0 || cy < 0) return;
+  sorted[atomicAdd(&cursor[cy * kCells + cx], 1)] = static_cast<int32_t>(a);
+}
+
+// Bounding box of a row's candidate region, widened so that rounding in the exact test cannot reach past it.
+template <typename T>
+__device__ bool region_bbox(const Prep<T>& prep, int64_t row, int D, T& x0, T& y0, T& x1, T& y1) {
+  if (D == 4) {
+    const auto& r = prep.hbb[row];
+    x0 = r.x1, y0 = r.y1, x1 = r.x2, y1 = r.y2;
+  } else {
+    const auto& r = prep.obb[row];
+    const T xs[4] = {r.ax, r.ax + r.abx, r.ax + r.adx, r.ax + r.abx + r.adx};
+    const T ys[4] = {r.ay, r.ay + r.aby, r.ay + r.ady, r.ay + r.aby + r.ady};
+    x0 = x1 = xs[0];
+    y0 = y1 = ys[0];
+    for (int j = 1; j < 4; ++j) {
+      x0 = fminf(x0, xs[j]);
+      x1 = fmaxf(x1, xs[j]);
+      y0 = fminf(y0, ys[j]);
+      y1 = fmaxf(y1, ys[j]);
+    }
+  }
+  const T margin = T(1e-4) * (fabsf(x0) + fabsf(x1) + fabsf(y0) + fabsf(y1)) + T(1e-6);
+  x0 -= margin, y0 -= margin, x1 += margin, y1 += margin;
+  return isfinite(x0) && isfinite(x1) && isfinite(y0) && isfinite(y1);
+}
+
+// Sorts sh.idx[0, n) ascending (bitonic, padded to a power of two with INT_MAX).
+template <typename T>
+__device__ void sort_indices(SharedRow<T>& sh, int n) {
+  int size = 1;
+  while (size < n) size <<= 1;
+  for (int i = n + threadIdx.x; i < size; i += blockDim.x) sh.idx[i] = INT_MAX;
+  __syncthreads();
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < size; i += blockDim.x) {
+        const int l = i ^ j;
+        if (l > i) {
+          const bool up = (i & k) == 0;
+          const int32_t a = sh.idx[i], b = sh.idx[l];
+          if ((a > b) == up) {
+            sh.idx[i] = b;
+            sh.idx[l] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
 // ---- pass 1 ----------------------------------------------------------------------------------------------------
 template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, int32_t* claim_n,
+__global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, CellIndex cells, int32_t* claim_n,
                                                                      int32_t* claim_anchor, T* claim_align,
                                                                      T* claim_ov) {
   const int64_t row = blockIdx.x;
   const int64_t b = row / P.M;
   __shared__ SharedRow<T> sh;
   __shared__ typename BlockScan::TempStorage scan_tmp;
+  __shared__ int use_scan;
   if (!P.valid[row]) {
     if (threadIdx.x == 0) claim_n[row] = 0;
     return;
   }
-  if (threadIdx.x == 0) sh.n = 0;
-  __syncthreads();
-  // compaction in anchor order
-  int count = 0;  // candidates so far (same in all threads)
-  for (int64_t base = 0; base < P.A; base += blockDim.x) {
-    const int64_t a = base + threadIdx.x;
-    const int inside = a < P.A && P.contains(row, a);
-    int offset, total;
-    BlockScan(scan_tmp).ExclusiveSum(inside, offset, total);
-    __syncthreads();
-    if (inside && count + offset < kListCap) sh.list[count + offset] = P.entry(row, b, a);
-    count += total;
+  if (threadIdx.x == 0) {
+    sh.n = 0;
+    sh.taken = 0;
+    use_scan = 0;
   }
-  if (threadIdx.x == 0) sh.n = count < kListCap ? count : kListCap;
   __syncthreads();
+  int count = 0;  // candidates of the row (same in all threads)
+  // fast path: visit the anchors of the cells under the region's bounding box
+  T x0, y0, x1, y1;
+  const bool box_ok = region_bbox(P.prep, row, P.D, x0, y0, x1, y1);
+  const float* bd = cells.bounds;
+  const int cx0 = box_ok ? cell_of(x0, bd[0], bd[2]) : -1, cx1 = box_ok ? cell_of(x1, bd[0], bd[2]) : -1;
+  const int cy0 = box_ok ? cell_of(y0, bd[1], bd[3]) : -1, cy1 = box_ok ? cell_of(y1, bd[1], bd[3]) : -1;
+  if (cx0 >= 0 && cy0 >= 0 && cx1 >= 0 && cy1 >= 0) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
+      const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
+      for (int j = begin + lane; j < end; j += 32) {
+        const int32_t a = cells.sorted[j];
+        if (P.contains(row, a)) {
+          const int slot = atomicAdd(&sh.n, 1);
+          if (slot < kListCap) sh.idx[slot] = a;
+        }
+      }
+    }
+    __syncthreads();
+    count = sh.n;
+    if (count <= kListCap) {
+      sort_indices(sh, count);
+      for (int i = threadIdx.x; i < count; i += blockDim.x) sh.list[i] = P.entry(row, b, sh.idx[i]);
+      __syncthreads();
+    } else if (threadIdx.x == 0) {
+      use_scan = 1;
+    }
+  } else if (threadIdx.x == 0) {
+    use_scan = 1;
+  }
+  __syncthreads();
+  if (use_scan) {
+    // general path: scan every anchor in order, compacting into the list while it has room
+    if (threadIdx.x == 0) sh.n = 0;
+    __syncthreads();
+    count = 0;
+    for (int64_t base = 0; base < P.A; base += blockDim.x) {
+      const int64_t a = base + threadIdx.x;
+      const int inside = a < P.A && P.contains(row, a);
+      int offset, total;
+      BlockScan(scan_tmp).ExclusiveSum(inside, offset, total);
+      __syncthreads();
+      if (inside && count + offset < kListCap) sh.list[count + offset] = P.entry(row, b, a);
+      count += total;
+    }
+    if (threadIdx.x == 0) sh.n = count < kListCap ? count : kListCap;
+    __syncthreads();
+  }
   const int k = P.K;
   int32_t* anchors = claim_anchor + row * k;
   T* al = claim_align + row * k;
@@ -320,19 +526,14 @@ __global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T>
     anchors[slot] = e.anchor;
     al[slot] = e.align;
     ov[slot] = e.overlap;
-  };
-  auto take_count = [&](const Entry<T>& e, int slot) {
-    take(e, slot);
     atomicMax(&sh.taken, slot + 1);
   };
-  if (threadIdx.x == 0) sh.taken = 0;
-  __syncthreads();
   if (count <= kListCap) {
     ListSource<T> src{&sh};
-    select_row<T>(src, count, P.A, k, sh, scan_tmp, take_count);
+    select_row<T>(src, count, P.A, k, sh, scan_tmp, take);
   } else {
     RecomputeSource<S, T> src{&P, row, b};
-    select_row<T>(src, count, P.A, k, sh, scan_tmp, take_count);
+    select_row<T>(src, count, P.A, k, sh, scan_tmp, take);
   }
   __syncthreads();
   if (threadIdx.x == 0) claim_n[row] = sh.taken;
@@ -535,6 +736,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
         static_cast<T>(stride_val), hbb, obb, gprep.data_ptr<T>(), pprep.data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 
+    // anchor cell index
+    auto bounds = at::empty({4}, topts);
+    auto cell_counts = at::zeros({kCells * kCells}, i32);
+    auto cell_offsets = at::empty({kCells * kCells + 1}, i32);
+    auto cell_cursor = at::empty({kCells * kCells}, i32);
+    auto cell_sorted = at::empty({A}, i32);
+    anchor_bounds_kernel<<<1, kThreads, 0, stream>>>(anc.data_ptr<T>(), A, bounds.data_ptr<T>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    anchor_cells_count_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, bounds.data_ptr<T>(),
+                                                                       cell_counts.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    anchor_cells_scan_kernel<<<1, kThreads, 0, stream>>>(cell_counts.data_ptr<int32_t>(),
+                                                          cell_offsets.data_ptr<int32_t>(),
+                                                          cell_cursor.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    anchor_cells_fill_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, bounds.data_ptr<T>(),
+                                                                      cell_cursor.data_ptr<int32_t>(),
+                                                                      cell_sorted.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const CellIndex cells{bounds.data_ptr<T>(), cell_offsets.data_ptr<int32_t>(), cell_sorted.data_ptr<int32_t>()};
+
     auto claim_n = at::empty({B * M}, i32);
     auto claim_anchor = at::empty({B * M, topk}, i32);
     auto claim_align = at::empty({B * M, topk}, topts);
@@ -557,7 +779,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
                       Prep<T>{hbb, obb, gprep.data_ptr<T>(), pprep.data_ptr<T>()}};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       candidates_topk_kernel<S, T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
-          P, claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), claim_align.data_ptr<T>(),
+          P, cells, claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), claim_align.data_ptr<T>(),
           claim_ov.data_ptr<T>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       count_claims_kernel<T><<<blocks_for(B * M * topk), kThreads, 0, stream>>>(
