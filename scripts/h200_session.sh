@@ -10,15 +10,16 @@ export OUT
 # build + CUDA-marked tests (stop at the first failure: device time is short)
 bash scripts/gpu_check.sh tests/test_cuda.py tests/test_assign_ops.py -x -k "cuda" || exit 1
 grep -q " passed" "$OUT/pytest.log" && ! grep -q " failed" "$OUT/pytest.log" || exit 1
-cp "$OUT/pytest.log" "$OUT/pytest_cuda.log"
-[ "${1:-}" = quick ] && exit 0
 export PYTHONPATH=/tmp/site LUCID_REQUIRE_EXT=1 LUCID_REQUIRE_PEER=1 PYTHONUNBUFFERED=1
-python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/pytest_all.log"
 for tool in memcheck racecheck; do
   compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest tests/test_cuda.py -k sanitize -q \
     -p no:cacheprovider >"$OUT/sanitizer_$tool.log" 2>&1
-  echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+  echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+  grep -m 5 -E "Error|Race|hazard|at .*assign_cuda" "$OUT/sanitizer_$tool.log" | cut -c1-200
 done
+python3 bench/profile_cuda.py 2>&1 | tee "$OUT/profile.txt"
+[ "${1:-}" = quick ] && exit 0
+python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tail -3 | tee "$OUT/pytest_all.log"
 python3 -m lucid_assign bench --kind obb --batch 16 --objects 10 50 200 1000 2000 --device cuda --no-progress \
   --out "$OUT/bench_obb_h200.json" --plot "$OUT/bench_obb_h200.png" 2>&1 | tail -18 | tee "$OUT/bench_obb.txt"
 python3 -m lucid_assign bench --kind hbb --batch 16 --objects 100 --device cuda --no-progress \

@@ -225,21 +225,20 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
     for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.hist[i] = 0;
     __syncthreads();
     const uint32_t prefix = sh.prefix;
+    const int k_rem = sh.k_rem;  // read here, written only after the next barrier
     for (int64_t i = threadIdx.x; i < src.size(); i += blockDim.x) {
       Entry<T> e;
       if (src.get(i, e) && (e.key & mask) == prefix) atomicAdd(&sh.hist[(e.key >> shift) & 255u], 1);
+    }
+    if (threadIdx.x == 0 && (kZeroKey & mask) == prefix && implicit > 0) {
+      // at most A, which fits an int (A < 2^30 is checked by the host)
+      atomicAdd(&sh.hist[(kZeroKey >> shift) & 255u], static_cast<int>(implicit));
     }
     __syncthreads();
     if (threadIdx.x < 32) {
       // warp 0 finds the bin holding the k_rem-th largest key: each lane sums 8 bins from the top, a warp scan
       // finds the lane where the running count reaches k_rem, and that lane walks its 8 bins
       const int lane = threadIdx.x;
-      if (lane == 0 && (kZeroKey & mask) == prefix && implicit > 0) {
-        // at most A, which fits an int (A < 2^30 is checked by the host)
-        sh.hist[(kZeroKey >> shift) & 255u] += static_cast<int>(implicit);
-      }
-      __syncwarp();
-      const int k_rem = sh.k_rem;
       int cnt = 0;
       for (int j = 0; j < 8; ++j) cnt += sh.hist[255 - lane * 8 - j];
       int incl = cnt;
