@@ -131,7 +131,12 @@ def test_sanitize_subset(library, obb):
     scores, pd, anc, labels, gt, mask = make_problem(61, obb, batch=1, n_boxes=6, pad_rows=1, img_size=1024)
     gt[0, 0] = torch.tensor(([512.0, 512.0, 900.0, 900.0, 0.3] if obb else [40.0, 40.0, 1000.0, 1000.0]))
     big_case = to("cuda", (scores, pd, anc, labels, gt, mask))
-    for case in (inputs, big_case):
+    # the same big object with every score of its class 0: its top-k is filled with zero-metric anchors, which
+    # takes the in-order walk over every anchor
+    scores_zero = scores.clone()
+    scores_zero[..., int(labels[0, 0, 0])] = 0
+    zero_case = to("cuda", (scores_zero, pd, anc, labels, gt, mask))
+    for case in (inputs, big_case, zero_case):
         got = _kernel(case, num_classes=7, topk=10, topk2=4)
         want = reference.assign(*case, stride=STRIDES, num_classes=7, topk=10, topk2=4)
         assert all(torch.equal(a, b) for a, b in zip(got, want))

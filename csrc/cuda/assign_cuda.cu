@@ -210,26 +210,25 @@ struct OwnedSource {
   }
 };
 
-template <typename T, typename Src, typename Take>
-__device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k, SharedRow<T>& sh,
-                           typename BlockScan::TempStorage& scan_tmp, Take take) {
-  const int64_t implicit = A - n_explicit;  // anchors with metric 0 that are not entries
+// Radix select of the k-th largest key among the explicit entries plus `implicit` anchors of key kZeroKey.
+// for_each_key(f) calls f(key) for this thread's share of the explicit entries, in any order. Leaves the k-th key
+// in sh.prefix and, in sh.k_rem, how many anchors with exactly that key are taken (the first ones by index).
+template <typename T, typename ForEachKey>
+__device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, SharedRow<T>& sh) {
   if (threadIdx.x == 0) {
     sh.prefix = 0;
     sh.k_rem = k;
   }
   __syncthreads();
-  // radix select of the k-th largest key, 8 bits at a time
   uint32_t mask = 0;
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) sh.hist[i] = 0;
     __syncthreads();
     const uint32_t prefix = sh.prefix;
     const int k_rem = sh.k_rem;  // read here, written only after the next barrier
-    for (int64_t i = threadIdx.x; i < src.size(); i += blockDim.x) {
-      Entry<T> e;
-      if (src.get(i, e) && (e.key & mask) == prefix) atomicAdd(&sh.hist[(e.key >> shift) & 255u], 1);
-    }
+    for_each_key([&](uint32_t key) {
+      if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1);
+    });
     if (threadIdx.x == 0 && (kZeroKey & mask) == prefix && implicit > 0) {
       // at most A, which fits an int (A < 2^30 is checked by the host)
       atomicAdd(&sh.hist[(kZeroKey >> shift) & 255u], static_cast<int>(implicit));
@@ -263,9 +262,14 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
     mask |= 0xFFu << shift;
     __syncthreads();
   }
-  const uint32_t kth = sh.prefix;  // the k-th largest key
-  const int k_eq = sh.k_rem;       // how many anchors with key == kth are taken (in anchor order)
-  // in-order pass: ties at kth are ranked by anchor index among all anchors with that key
+}
+
+// Given the k-th key and the number of ties to take, walks the explicit entries in anchor order and calls
+// take(entry, slot) for the chosen ones, slot in [0, k). Ties at kth rank by anchor index among all anchors with
+// that key; for the zero key that includes the implicit anchors.
+template <typename T, typename Src, typename Take>
+__device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename BlockScan::TempStorage& scan_tmp,
+                              Take take) {
   int before_ne = 0, before_eq = 0, before_taken = 0;  // running totals over earlier chunks (same in all threads)
   const int64_t n = src.size();
   for (int64_t base = 0; base < n; base += blockDim.x) {
@@ -284,7 +288,6 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
       if (e.key > kth) {
         chosen = true;
       } else if (is_eq) {
-        // rank among all anchors of key kth with a lower index; for the zero key that includes implicit anchors
         const int64_t rank = kth == kZeroKey ? static_cast<int64_t>(e.anchor) - (before_ne + ex_ne)
                                              : static_cast<int64_t>(before_eq + ex_eq);
         chosen = rank < k_eq;
@@ -300,6 +303,21 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
   }
 }
 
+// Top-k of a row whose explicit entries come from src (in anchor order).
+template <typename T, typename Src, typename Take>
+__device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k, SharedRow<T>& sh,
+                           typename BlockScan::TempStorage& scan_tmp, Take take) {
+  radix_select<T>(
+      [&](auto f) {
+        for (int64_t i = threadIdx.x; i < src.size(); i += blockDim.x) {
+          Entry<T> e;
+          if (src.get(i, e)) f(e.key);
+        }
+      },
+      A - n_explicit, k, sh);
+  take_in_order<T>(src, sh.prefix, sh.k_rem, scan_tmp, take);
+}
+
 // ---- anchor cell index -----------------------------------------------------------------------------------------
 // Anchors are bucketed into a kCells x kCells grid over their bounding box, so that a row visits only the anchors of
 // the cells its candidate region's bounding box touches. The candidate set does not depend on the bucketing (the
@@ -313,38 +331,23 @@ struct CellIndex {
   const int32_t* sorted;   // (A) anchors grouped by cell
 };
 
-struct MinOp {
-  __device__ float operator()(float a, float b) const { return fminf(a, b); }
-};
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
+// bounds: order keys of min x, min y (stored negated as max of reversed keys) and max x, max y; see bounds_value.
+__global__ void anchor_bounds_kernel(const float* anc, int64_t A, uint32_t* keys) {
+  // NaN anchors never lie inside a box and are left out of the index
+  const int64_t a = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (a >= A) return;
+  const float x = anc[2 * a], y = anc[2 * a + 1];
+  if (x != x || y != y) return;
+  atomicMin(&keys[0], order_key(x));
+  atomicMin(&keys[1], order_key(y));
+  atomicMax(&keys[2], order_key(x));
+  atomicMax(&keys[3], order_key(y));
+}
 
-__global__ void anchor_bounds_kernel(const float* anc, int64_t A, float* bounds) {
-  // one block; NaN anchors never lie inside a box and are left out of the index
-  float lo_x = INFINITY, lo_y = INFINITY, hi_x = -INFINITY, hi_y = -INFINITY;
-  for (int64_t a = threadIdx.x; a < A; a += blockDim.x) {
-    const float x = anc[2 * a], y = anc[2 * a + 1];
-    if (x != x || y != y) continue;
-    lo_x = fminf(lo_x, x);
-    lo_y = fminf(lo_y, y);
-    hi_x = fmaxf(hi_x, x);
-    hi_y = fmaxf(hi_y, y);
-  }
-  using R = cub::BlockReduce<float, kThreads>;
-  __shared__ typename R::TempStorage tmp;
-  const float v0 = R(tmp).Reduce(lo_x, MinOp());
-  __syncthreads();
-  const float v1 = R(tmp).Reduce(lo_y, MinOp());
-  __syncthreads();
-  const float v2 = R(tmp).Reduce(hi_x, MaxOp());
-  __syncthreads();
-  const float v3 = R(tmp).Reduce(hi_y, MaxOp());
-  if (threadIdx.x == 0) {
-    bounds[0] = v0;
-    bounds[1] = v1;
-    bounds[2] = v2;
-    bounds[3] = v3;
+__global__ void anchor_bounds_finish_kernel(const uint32_t* keys, float* bounds) {
+  if (threadIdx.x < 4) {
+    // no finite anchor at all: min key stays 0xFFFFFFFF (NaN) and the index is not used
+    bounds[threadIdx.x] = key_to_float(keys[threadIdx.x]);
   }
 }
 
@@ -531,8 +534,51 @@ __global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T>
     ListSource<T> src{&sh};
     select_row<T>(src, count, P.A, k, sh, scan_tmp, take);
   } else {
-    RecomputeSource<S, T> src{&P, row, b};
-    select_row<T>(src, count, P.A, k, sh, scan_tmp, take);
+    // more candidates than the list holds: find the k-th key over the cells (recomputing metrics), then keep only
+    // the entries at or above it, which are few unless the k-th key is the zero key (the row fills its top-k with
+    // zero-metric anchors) or the ties there are many: then walk every anchor in order instead.
+    bool done = false;
+    if (!use_scan) {
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+      auto for_each_cell_anchor = [&](auto f) {
+        for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
+          const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
+          for (int j = begin + lane; j < end; j += 32) {
+            const int32_t a = cells.sorted[j];
+            if (P.contains(row, a)) f(a);
+          }
+        }
+      };
+      radix_select<T>([&](auto f) { for_each_cell_anchor([&](int32_t a) { f(P.entry(row, b, a).key); }); },
+                      P.A - count, k, sh);
+      const uint32_t kth = sh.prefix;
+      const int k_eq = sh.k_rem;
+      if (kth > kZeroKey) {
+        if (threadIdx.x == 0) sh.n = 0;
+        __syncthreads();
+        for_each_cell_anchor([&](int32_t a) {
+          if (P.entry(row, b, a).key >= kth) {
+            const int slot = atomicAdd(&sh.n, 1);
+            if (slot < kListCap) sh.idx[slot] = a;
+          }
+        });
+        __syncthreads();
+        const int kept = sh.n;
+        if (kept <= kListCap) {
+          sort_indices(sh, kept);
+          for (int i = threadIdx.x; i < kept; i += blockDim.x) sh.list[i] = P.entry(row, b, sh.idx[i]);
+          __syncthreads();
+          ListSource<T> src{&sh};
+          take_in_order<T>(src, kth, k_eq, scan_tmp, take);
+          done = true;
+        }
+      }
+      __syncthreads();
+    }
+    if (!done) {
+      RecomputeSource<S, T> src{&P, row, b};
+      select_row<T>(src, count, P.A, k, sh, scan_tmp, take);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) claim_n[row] = sh.taken;
@@ -551,44 +597,65 @@ __global__ void count_claims_kernel(const int32_t* claim_n, const int32_t* claim
   atomicMax(&claimant[idx], static_cast<unsigned long long>(i));
 }
 
+// One warp per anchor: most exit at once (count 0 or 1); a conflicted anchor's M rows are shared by the lanes, and
+// the first maximum (NaN counts as the maximum, as in torch.argmax) is found by a warp reduction.
 template <typename S, typename T>
 __global__ void resolve_owners_kernel(Problem<S, T> P, const int32_t* count, const unsigned long long* claimant,
                                       const T* claim_align, const T* claim_ov, int64_t* owner, T* own_align,
                                       T* own_ov) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
   if (i >= P.B * P.A) return;
   const int64_t b = i / P.A, a = i % P.A;
   const int c = count[i];
-  if (c == 0) {
-    owner[i] = -1;
-    own_align[i] = T(0);
-    own_ov[i] = T(0);
+  if (c <= 1) {
+    if (lane == 0) {
+      if (c == 0) {
+        owner[i] = -1;
+        own_align[i] = T(0);
+        own_ov[i] = T(0);
+      } else {
+        const int64_t slot = static_cast<int64_t>(claimant[i]);
+        owner[i] = slot / P.K - b * P.M;
+        own_align[i] = claim_align[slot];
+        own_ov[i] = claim_ov[slot];
+      }
+    }
     return;
   }
-  if (c == 1) {
-    const int64_t slot = static_cast<int64_t>(claimant[i]);
-    owner[i] = slot / P.K - b * P.M;
-    own_align[i] = claim_align[slot];
-    own_ov[i] = claim_ov[slot];
-    return;
-  }
-  // first maximum of the overlap over all rows, 0 where not a candidate; NaN counts as the maximum (torch.argmax)
-  int64_t best = 0;
+  // each lane: first maximum over its rows m = lane, lane + 32, ...; rows that are not candidates count 0
+  int64_t best = -1;
   T best_v = T(0);
-  bool best_cand = false;
-  for (int64_t m = 0; m < P.M; ++m) {
+  for (int64_t m = lane; m < P.M; m += 32) {
     const int64_t row = b * P.M + m;
-    const bool cand = P.candidate(row, a);
-    const T v = cand ? P.overlap(row, i) : T(0);
-    if (m == 0 || (!geom::isnan_(best_v) && (geom::isnan_(v) || v > best_v))) {
+    const T v = P.candidate(row, a) ? P.overlap(row, i) : T(0);
+    if (best < 0 || (!geom::isnan_(best_v) && (geom::isnan_(v) || v > best_v))) {
       best = m;
       best_v = v;
-      best_cand = cand;
     }
   }
-  owner[i] = best;
-  own_ov[i] = best_v;
-  own_align[i] = best_cand ? P.align(b * P.M + best, i, best_v) : T(0);
+  // combine lanes: better value wins (NaN above all), ties to the lower row
+  for (int o = 16; o > 0; o >>= 1) {
+    const int64_t ob = __shfl_down_sync(0xffffffffu, best, o);
+    const T ov = __shfl_down_sync(0xffffffffu, best_v, o);
+    if (ob >= 0) {
+      const bool nan_me = geom::isnan_(best_v), nan_o = geom::isnan_(ov);
+      bool take;
+      if (best < 0) take = true;
+      else if (nan_me || nan_o) take = nan_o && (!nan_me || ob < best);
+      else take = ov > best_v || (ov == best_v && ob < best);
+      if (take) {
+        best = ob;
+        best_v = ov;
+      }
+    }
+  }
+  if (lane == 0) {
+    const int64_t row = b * P.M + best;
+    owner[i] = best;
+    own_ov[i] = best_v;
+    own_align[i] = P.candidate(row, a) ? P.align(row, i, best_v) : T(0);
+  }
 }
 
 // ---- pass 4 ----------------------------------------------------------------------------------------------------
@@ -666,13 +733,12 @@ __global__ void targets_kernel(const int64_t* owner, const T* own_align, const u
   norm_out[i] = norm;
 }
 
-template <typename T>
-__global__ void scores_kernel(const bool* fg, const int64_t* labels, const T* norm, int64_t n_anchor_rows, int64_t C,
-                              T* scores) {
-  const int64_t total = n_anchor_rows * C;
-  for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < total;
-       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = j / C, c = j % C;
+template <typename T, typename I>
+__global__ void scores_kernel(const bool* fg, const int64_t* labels, const T* norm, I n_anchor_rows, I C, T* scores) {
+  const I total = n_anchor_rows * C;
+  for (I j = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; j < total;
+       j += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I i = j / C, c = j % C;
     scores[j] = (fg[i] && labels[i] == c) ? norm[i] : T(0);
   }
 }
@@ -737,11 +803,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
 
     // anchor cell index
     auto bounds = at::empty({4}, topts);
+    auto bound_keys = at::full({4}, -1, i32);  // min keys start at 0xFFFFFFFF, max keys at 0
+    bound_keys.narrow(0, 2, 2).zero_();
     auto cell_counts = at::zeros({kCells * kCells}, i32);
     auto cell_offsets = at::empty({kCells * kCells + 1}, i32);
     auto cell_cursor = at::empty({kCells * kCells}, i32);
     auto cell_sorted = at::empty({A}, i32);
-    anchor_bounds_kernel<<<1, kThreads, 0, stream>>>(anc.data_ptr<T>(), A, bounds.data_ptr<T>());
+    anchor_bounds_kernel<<<blocks_for(A), kThreads, 0, stream>>>(
+        anc.data_ptr<T>(), A, reinterpret_cast<uint32_t*>(bound_keys.data_ptr<int32_t>()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    anchor_bounds_finish_kernel<<<1, 32, 0, stream>>>(reinterpret_cast<uint32_t*>(bound_keys.data_ptr<int32_t>()),
+                                                       bounds.data_ptr<T>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     anchor_cells_count_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, bounds.data_ptr<T>(),
                                                                        cell_counts.data_ptr<int32_t>());
@@ -785,7 +857,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
           claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), B * M, M, A, static_cast<int>(topk),
           count.data_ptr<int32_t>(), reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      resolve_owners_kernel<S, T><<<blocks_for(B * A), kThreads, 0, stream>>>(
+      resolve_owners_kernel<S, T><<<blocks_for(B * A * 32), kThreads, 0, stream>>>(
           P, count.data_ptr<int32_t>(), reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()),
           claim_align.data_ptr<T>(), claim_ov.data_ptr<T>(), owner.data_ptr<int64_t>(), own_align.data_ptr<T>(),
           own_ov.data_ptr<T>());
@@ -815,8 +887,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t n_scores = B * A * C;
     const unsigned score_blocks = static_cast<unsigned>(std::min<int64_t>((n_scores + kThreads - 1) / kThreads, 65536));
-    scores_kernel<T><<<score_blocks, kThreads, 0, stream>>>(fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(),
-                                                            norm.data_ptr<T>(), B * A, C, target_scores.data_ptr<T>());
+    if (n_scores < (int64_t{1} << 31) - int64_t{65536} * kThreads) {  // 32-bit index math when it cannot overflow
+      scores_kernel<T, int32_t><<<score_blocks, kThreads, 0, stream>>>(
+          fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(), norm.data_ptr<T>(),
+          static_cast<int32_t>(B * A), static_cast<int32_t>(C), target_scores.data_ptr<T>());
+    } else {
+      scores_kernel<T, int64_t><<<score_blocks, kThreads, 0, stream>>>(
+          fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(), norm.data_ptr<T>(), B * A, C,
+          target_scores.data_ptr<T>());
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
