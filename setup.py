@@ -107,10 +107,19 @@ def _missing_cuda_headers_dir():
     return shim
 
 
+def _write_build_info(with_cuda, why):
+    """Record how the library was built, for `lucid-assign doctor`."""
+    info = dict(torch=torch.__version__, cuda=with_cuda, why=why, arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST"),
+                cuda_home=CUDA_HOME if with_cuda else None)
+    with open(os.path.join(ROOT, "lucid_assign", "_build_info.py"), "w") as f:
+        f.write('"""Written by setup.py at build time."""\n\nBUILD = %r\n' % (info,))
+
+
 def extensions():
     debug = os.environ.get("DEBUG", "0") == "1"
     with_cuda, why = _want_cuda()
     print("lucid-assign: CUDA kernels %s (%s)" % ("ON" if with_cuda else "OFF", why))
+    _write_build_info(with_cuda, why)
 
     sources = [os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "python_module.cpp")]
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))

@@ -2,6 +2,8 @@
 
     lucid-assign bench   time the assigners side by side on a built-in DOTA-like batch (the main job)
     lucid-assign demo    assign a built-in DOTA-like batch with each backend and report what the assigner did
+    lucid-assign viz     draw which anchors each object of one image received (PNG)
+    lucid-assign doctor  what is installed and built, what backend="auto" uses, and a self-check
 """
 
 from __future__ import annotations
@@ -174,7 +176,18 @@ def main(argv=None) -> int:
     d.add_argument("--device", default="auto", help="cpu, cuda or auto (both when a GPU is present)")
     d.add_argument("--reps", type=int, default=3)
     d.add_argument("--seed", type=int, default=0)
+    from . import viz
+
+    viz.add_parser(sub)
+    sub.add_parser("doctor", help="versions, build, backend choice, and a self-check of every backend")
     args = parser.parse_args(argv)
+    if args.command == "viz":
+        viz.run(args)
+        return 0
+    if args.command == "doctor":
+        from . import doctor
+
+        return doctor.run(args)
     if args.command == "bench":
         return bench(args)
     if args.command == "demo":

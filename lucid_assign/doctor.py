@@ -1,0 +1,118 @@
+"""``lucid-assign doctor``: what is installed and built, what ``backend="auto"`` will use, and a self-check of every
+available backend against the reference. Exits non-zero when a backend disagrees."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+import torch
+
+from . import _library, api, reference
+from .synthetic import dota_like_batch
+
+KEYS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+
+
+def _version(cmd, last: bool = False) -> str | None:
+    """First (or last) non-empty line a command prints, or None when it cannot run."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln.strip() for ln in (out.stdout or out.stderr).splitlines() if ln.strip()]
+    if not lines:
+        return None
+    return lines[-1] if last else lines[0]
+
+
+def report() -> list:
+    lines = [f"python {sys.version.split()[0]} ({platform.platform()})",
+             f"torch {torch.__version__}, built with CUDA {torch.version.cuda}"]
+    cxx = os.environ.get("CXX", "c++")
+    lines.append(f"C++ compiler ({cxx}): {_version([cxx, '--version']) or 'not found'}")
+    nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
+                                    if os.environ.get("CUDA_HOME") else None)
+    lines.append(f"nvcc: {_version([nvcc, '--version'], last=True) if nvcc else 'not found'}")
+    if _library.loaded():
+        lines.append("compiled library: loaded (lucid_assign._C)")
+    else:
+        lines.append(f"compiled library: NOT loaded: {_library.LOAD_ERROR}")
+    try:
+        from . import _build_info
+
+        info = _build_info.BUILD
+        lines.append(f"built with torch {info.get('torch')}, CUDA kernels {'on' if info.get('cuda') else 'off'} "
+                     f"({info.get('why')}), TORCH_CUDA_ARCH_LIST={info.get('arch_list')}")
+    except ImportError:
+        lines.append("build info: not recorded (library not built by this setup.py)")
+    b = api.backends()
+    lines.append(f"ops with a CPU kernel: {', '.join(b['cpu_ops']) or 'none'}")
+    lines.append(f"ops with a CUDA kernel: {', '.join(b['cuda_ops']) or 'none'}")
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(i)
+            lines.append(f"GPU {i}: {torch.cuda.get_device_name(i)}, compute capability {major}.{minor}")
+        lines.append(f"torch's CUDA architectures: {' '.join(torch.cuda.get_arch_list())}")
+    else:
+        lines.append("GPU: none visible to torch")
+    for device, choice in b["auto"].items():
+        lines.append(f"backend='auto' for float32 {device} tensors: {choice}")
+    if b["forced"]:
+        lines.append(f"LUCID_ASSIGN_BACKEND={b['forced']} overrides the backend argument")
+    return lines
+
+
+def _compare(got, want, exact: bool) -> str | None:
+    names = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
+    for i, name in enumerate(names):
+        a, b = got[i], want[i]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{name}: {a.dtype}{tuple(a.shape)} vs reference {b.dtype}{tuple(b.shape)}"
+        if i == 2 and not exact:
+            scale = b.abs().clamp(min=torch.finfo(b.dtype).tiny)
+            rel = float(((a - b).abs() / scale).max()) if b.numel() else 0.0
+            if rel > 1e-6 or bool(((a != 0) != (b != 0)).any()):
+                return f"{name}: relative difference {rel:.3g} (allowed 1e-6)"
+        elif not torch.equal(a, b):
+            return f"{name}: {int((a != b).sum())} of {a.numel()} elements differ"
+    return None
+
+
+def self_check() -> list:
+    """(device, kind, status, detail) for each available kernel backend against the reference."""
+    results = []
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        for obb in (False, True):
+            kind = "OBB" if obb else "HBB"
+            batch = dota_like_batch(batch=2, img_size=256, num_classes=7, objects=(5, 40), obb=obb, seed=1)
+            x = [batch[k].to(device) for k in KEYS]
+            why = api.kernel_unsupported(x[0], x[1], x[2], x[4])
+            if why:
+                results.append((device, kind, "SKIP", why))
+                continue
+            kw = dict(topk=10, topk2=4, num_classes=7, alpha=0.5, beta=6.0, stride=batch["stride"])
+            try:
+                want = reference.assign(*x, **kw)
+                got = api.assign(*x, backend="kernel", **kw)
+                diff = _compare(got, want, exact=device == "cuda")
+            except Exception as exc:  # a crash is a failure to report, not to raise
+                diff = f"{type(exc).__name__}: {exc}"
+            results.append((device, kind, "FAIL" if diff else "PASS", diff or "equal to the reference"))
+    return results
+
+
+def run(args) -> int:
+    for line in report():
+        print(line)
+    print("\nself-check (kernel vs reference on a random batch):")
+    results = self_check()
+    for device, kind, status, detail in results:
+        print(f"  {status:<4} {device:<4} {kind}: {detail}")
+    failed = [r for r in results if r[2] == "FAIL"]
+    print("\nall checks passed" if not failed else f"\n{len(failed)} check(s) FAILED")
+    return 1 if failed else 0
