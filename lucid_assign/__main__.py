@@ -124,20 +124,21 @@ def bench(args) -> int:
     if unknown:
         raise SystemExit(f"--backends: unknown {sorted(unknown)}; choose from reference, kernel, peer")
     kind = args.kind
-    spec = B.KINDS[kind]
+    spec = dict(B.KINDS[kind], num_classes=B.num_classes_of(kind, args.classes))
     env = B.environment()
     print(f"lucid-assign bench: {kind.upper()} at {spec['img_size']} px, {spec['num_classes']} classes, batch {batch}, "
           f"objects per image {args.objects}, top-k {B.TOPK}, device {device}")
     print(f"torch {env['torch']} (CUDA {env['cuda']}), GPU {env['gpu']}, CPU threads {env['cpu_threads']}, "
           f"commit {env['commit']}, {env['date']}")
-    results = B.run(kind, batch, args.objects, device, backends, reps, seed=args.seed, progress=not args.no_progress)
+    results = B.run(kind, batch, args.objects, device, backends, reps, seed=args.seed, progress=not args.no_progress,
+                    classes=args.classes)
     # what the assigner did on the largest batch
-    biggest = B.scene(kind, batch, max(args.objects), device, args.seed)[0]
+    biggest = B.scene(kind, batch, max(args.objects), device, args.seed, classes=args.classes)[0]
     done = [r["backend"] for r in results if r["objects"] == max(args.objects) and "median_s" in r]
     shown = "kernel" if "kernel" in done else (done[0] if done else None)
     if shown in ("kernel", "reference"):
         print(f"\nassignment at {max(args.objects)} objects per image ({shown}):")
-        _describe(B.assign_runner(shown, kind)(biggest), biggest, biggest["stride"], spec["img_size"])
+        _describe(B.assign_runner(shown, kind, args.classes)(biggest), biggest, biggest["stride"], spec["img_size"])
     print()
     print(B.table(results))
     B.write_json(args.out, vars(args) | dict(device=device, batch=batch, reps=reps), results)
@@ -158,6 +159,7 @@ def main(argv=None) -> int:
                     help="obb: 1024 px, 21,504 anchors, 15 classes; hbb: 640 px, 8,400 anchors, 80 classes")
     bp.add_argument("--batch", type=int, default=None, help="images per batch (default 16 on a GPU, 4 on the CPU)")
     bp.add_argument("--objects", type=int, nargs="+", default=[50, 200], help="objects per image (one run each)")
+    bp.add_argument("--classes", type=int, default=None, help="number of classes (default 15 for obb, 80 for hbb)")
     bp.add_argument("--device", default="auto", help="cpu, cuda or auto")
     bp.add_argument("--backends", default="reference,kernel,peer",
                     help="comma-separated: reference, kernel, peer (the peer needs ultralytics)")

@@ -38,28 +38,34 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def num_classes_of(kind: str, classes: int | None = None) -> int:
+    return classes or KINDS[kind]["num_classes"]
+
+
 @functools.lru_cache(maxsize=8)
-def _host_scene(kind: str, batch: int, objects: int, seed: int):
-    return dota_like_batch(batch=batch, objects=objects, seed=seed, **KINDS[kind])
+def _host_scene(kind: str, batch: int, objects: int, seed: int, classes: int | None = None):
+    spec = dict(KINDS[kind], num_classes=num_classes_of(kind, classes))
+    return dota_like_batch(batch=batch, objects=objects, seed=seed, **spec)
 
 
-def scene(kind: str, batch: int, objects: int, device="cpu", seed: int = 0, copies: int = 1):
+def scene(kind: str, batch: int, objects: int, device="cpu", seed: int = 0, copies: int = 1,
+          classes: int | None = None):
     """``copies`` independent copies of one seeded batch on ``device`` (rotated between timed calls)."""
-    host = _host_scene(kind, batch, objects, seed)
+    host = _host_scene(kind, batch, objects, seed, classes)
     out = []
     for _ in range(copies):
         out.append({k: (v.to(device, copy=True) if isinstance(v, torch.Tensor) else v) for k, v in host.items()})
     return out
 
 
-def peer_assigner(kind: str):
+def peer_assigner(kind: str, classes: int | None = None):
     """The peer's assigner for this kind, or None when ultralytics is not installed."""
     try:
         from ultralytics.utils import tal
     except ImportError:
         return None
     cls = tal.RotatedTaskAlignedAssigner if KINDS[kind]["obb"] else tal.TaskAlignedAssigner
-    return cls(topk=TOPK, num_classes=KINDS[kind]["num_classes"], alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    return cls(topk=TOPK, num_classes=num_classes_of(kind, classes), alpha=0.5, beta=6.0, stride=[8, 16, 32])
 
 
 def dense_skip(backend: str, device, batch: int, objects: int, anchors: int) -> str | None:
@@ -77,11 +83,11 @@ def dense_skip(backend: str, device, batch: int, objects: int, anchors: int) -> 
     return None
 
 
-def assign_runner(backend: str, kind: str):
+def assign_runner(backend: str, kind: str, classes: int | None = None):
     """A callable batch -> outputs for ``backend`` ("reference", "kernel", "peer"), or a string saying why not."""
-    kw = dict(topk=TOPK, num_classes=KINDS[kind]["num_classes"], alpha=0.5, beta=6.0, stride=(8, 16, 32))
+    kw = dict(topk=TOPK, num_classes=num_classes_of(kind, classes), alpha=0.5, beta=6.0, stride=(8, 16, 32))
     if backend == "peer":
-        peer = peer_assigner(kind)
+        peer = peer_assigner(kind, classes)
         if peer is None:
             return "ultralytics is not installed"
         return lambda b: peer(*(b[k] for k in INPUTS))
@@ -221,19 +227,20 @@ class Progress:
             sys.stderr.write("\n")
 
 
-def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: int = 0, progress: bool = True):
+def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: int = 0, progress: bool = True,
+        classes: int | None = None):
     """Time ``assign`` for each backend and object count. Returns a list of result dicts."""
     results = []
     bar = Progress(len(objects_list) * len(backends)) if progress else None
     for objects in objects_list:
-        copies = scene(kind, batch, objects, device, seed, copies=3)
+        copies = scene(kind, batch, objects, device, seed, copies=3, classes=classes)
         n_anchors = copies[0]["anc_points"].shape[0]
         for backend in backends:
             row = dict(kind=kind, batch=batch, objects=objects, device=str(device), backend=backend,
-                       anchors=n_anchors)
+                       anchors=n_anchors, classes=num_classes_of(kind, classes))
             why = kernel_unavailable(device) if backend == "kernel" else dense_skip(backend, device, batch, objects,
                                                                                    n_anchors)
-            runner = assign_runner(backend, kind)
+            runner = assign_runner(backend, kind, classes)
             if why is None and isinstance(runner, str):
                 why = runner
             if why is not None:
