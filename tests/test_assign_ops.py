@@ -47,7 +47,8 @@ SETTINGS = [dict(topk=10, topk2=None), dict(topk=13, topk2=None), dict(topk=7, t
 @pytest.mark.parametrize("seed", range(3))
 def test_assign_matches_reference(library, device, obb, setting, score_dtype, seed):
     inputs = make_problem(seed, obb, score_dtype=score_dtype)
-    got, want = run_both(device, inputs, num_classes=7, alpha=0.5 if seed == 1 else 1.0, **setting)
+    # alpha 0.7 is not a float16/bfloat16 number: PyTorch rounds the exponent to the score dtype before pow
+    got, want = run_both(device, inputs, num_classes=7, alpha=(1.0, 0.5, 0.7)[seed], **setting)
     assert_matches_reference(got, want, device == "cuda", f"seed={seed}")
     assert want[3].any()
 

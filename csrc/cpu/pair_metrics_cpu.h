@@ -155,8 +155,10 @@ struct Regions {
 
 template <typename S, typename T>
 inline T score_pow(S s, double alpha) {
-  // x.pow(alpha) on a tensor of dtype S: computed in the op math type, rounded to S.
-  return static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), alpha)));
+  // x.pow(alpha) on a tensor of dtype S: PyTorch first rounds the exponent to S (0.7 becomes 0.7002 in float16),
+  // then computes in the op math type and rounds the result to S.
+  const double e = static_cast<double>(static_cast<S>(alpha));
+  return static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), e)));
 }
 
 }  // namespace cpu

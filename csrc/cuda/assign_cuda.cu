@@ -114,8 +114,9 @@ struct Problem {
     const int64_t label = labels[row];
     CUDA_KERNEL_ASSERT(label >= 0 && label < C && "gt_labels: a real object has a label outside [0, num_classes)");
     const S s = scores[p * C + label];
-    // s.pow(alpha) in the score's dtype (computed in T, rounded to S), times o.pow(beta)
-    const T sp = static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), alpha)));
+    // s.pow(alpha) in the score's dtype (the exponent rounded to S, computed in T, rounded to S), times o.pow(beta)
+    const double e = static_cast<double>(static_cast<S>(alpha));
+    const T sp = static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), e)));
     return geom::mul(sp, geom::pow_scalar(o, beta));
   }
 

@@ -57,7 +57,9 @@ __global__ void box_metrics_kernel(const S* scores, const float* pd, const int64
     const float o = overlap_of(gt + row * D, pd + p * D, D);
     const int64_t label = labels[row];
     CUDA_KERNEL_ASSERT(label >= 0 && label < C && "gt_labels: a candidate pair has a label outside [0, C)");
-    const float s = static_cast<float>(static_cast<S>(geom::pow_scalar(static_cast<float>(scores[p * C + label]), alpha)));
+    // the exponent is rounded to the score's dtype first, as PyTorch's pow does
+    const double e = static_cast<double>(static_cast<S>(alpha));
+    const float s = static_cast<float>(static_cast<S>(geom::pow_scalar(static_cast<float>(scores[p * C + label]), e)));
     overlaps[i] = o;
     align[i] = geom::mul(s, geom::pow_scalar(o, beta));
   }
