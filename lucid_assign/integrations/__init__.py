@@ -1,0 +1,1 @@
+"""Integrations with trainers. Each submodule imports its trainer only when called."""
