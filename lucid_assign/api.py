@@ -107,6 +107,7 @@ def assign(
         topk=topk, topk2=topk2, num_classes=num_classes, stride=stride,
     )
     if choose_backend(backend, pd_scores, pd_bboxes, anc_points, gt_bboxes) == "kernel":
+        anc_points = _anchors_for_kernel(anc_points, gt_bboxes)
         return ops.assign(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk, topk2=topk2,
             num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=reference.stride_value(stride),
@@ -115,6 +116,14 @@ def assign(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
         topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
     )
+
+
+def _anchors_for_kernel(anc_points, gt_bboxes):
+    """Anchors of a narrower float type than the boxes (bf16 under autocast, as the peer trainer makes them) are
+    widened to the boxes' dtype: exact, and what the reference's type promotion does in every operation."""
+    if anc_points.dtype != gt_bboxes.dtype and torch.promote_types(anc_points.dtype, gt_bboxes.dtype) == gt_bboxes.dtype:
+        return anc_points.to(gt_bboxes.dtype)
+    return anc_points
 
 
 def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
@@ -128,7 +137,8 @@ def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | Non
     allowed = (torch.float32, torch.float64) if device == "cpu" else (torch.float32,)
     if box_dtype not in allowed:
         return f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}"
-    if pd_bboxes.dtype != box_dtype or anc_points.dtype != box_dtype:
+    anc_dtype = _anchors_for_kernel(anc_points[:0], gt_bboxes).dtype
+    if pd_bboxes.dtype != box_dtype or anc_dtype != box_dtype:
         return (f"the kernel needs pd_bboxes, anc_points and gt_bboxes of one dtype, got {pd_bboxes.dtype}, "
                 f"{anc_points.dtype} and {box_dtype}")
     score_ok = (torch.float32, torch.float16, torch.bfloat16) if box_dtype == torch.float32 else (torch.float64,)

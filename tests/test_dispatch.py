@@ -92,3 +92,16 @@ def test_backends_report(library):
     assert info["library"] and info["reference"]
     assert {"assign", "points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts"} <= set(info["cpu_ops"])
     assert info["auto"]["cpu"] == "kernel"
+
+
+def test_narrow_anchors_are_widened_for_the_kernel(library, spies):
+    """bf16 anchors (the peer under autocast) with float32 boxes: exact to widen, so the kernel runs and agrees."""
+    args = list(make_problem(2, True))
+    args[2] = args[2].bfloat16()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = lucid_assign.assign(*args, **KW)
+    assert spies == ["kernel"]
+    want = reference.assign(*args, **KW)
+    for i in (0, 1, 3, 4):
+        assert torch.equal(got[i], want[i])

@@ -1,0 +1,149 @@
+"""Training-step benchmark of the peer trainer's yolo26n-obb with and without lucid-assign, in one run.
+
+    python bench/train_step.py                               # GPU: batch 16 at 1024 px, bf16 autocast, 60 and 300 objects
+    python bench/train_step.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3 --warmup 1   # smoke test
+
+The model is built from its YAML (no weights). Each step is a forward pass under bf16 autocast, the loss (YOLO26's
+end-to-end loss: two assignments per step), backward and an SGD step, on synthetic DOTA-like labels. It reports the
+median step time, and the assigner's share measured in a separate instrumented pass (the assigners' calls timed with
+synchronisation around each one), with and without ``lucid_assign.integrations.ultralytics.patch()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lucid_assign.integrations import ultralytics as integ  # noqa: E402
+from lucid_assign.synthetic import dota_like_batch  # noqa: E402
+
+
+def labels_batch(batch: int, imgsz: int, objects: int, seed: int, device) -> dict:
+    """The peer's training batch: images, and per object its image index, class and normalised xywhr box."""
+    s = dota_like_batch(batch=batch, img_size=imgsz, num_classes=15, objects=objects, obb=True, seed=seed)
+    mask = s["mask_gt"][..., 0].bool()
+    idx = torch.arange(batch)[:, None].expand_as(mask)[mask].float()
+    boxes = s["gt_bboxes"][mask].clone()
+    boxes[:, :4] /= imgsz
+    boxes[:, :2] = boxes[:, :2].clamp(0, 1)
+    g = torch.Generator().manual_seed(seed)
+    return {"img": torch.rand(batch, 3, imgsz, imgsz, generator=g).to(device), "batch_idx": idx.to(device),
+            "cls": s["gt_labels"][mask].to(device), "bboxes": boxes.to(device)}
+
+
+def sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def build(device):
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import OBBModel
+    from ultralytics.utils import DEFAULT_CFG
+
+    torch.manual_seed(0)
+    model = OBBModel("yolo26n-obb.yaml", nc=15, verbose=False).to(device)
+    model.args = get_cfg(DEFAULT_CFG)
+    model.train()
+    return model, torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
+
+
+def step(model, opt, batch, device):
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        preds = model(batch["img"])
+    loss, _ = model.loss(batch, preds)
+    opt.zero_grad(set_to_none=True)
+    loss.sum().backward()
+    opt.step()
+
+
+def measure(args, objects: int, patched: bool) -> dict:
+    device = args.device
+    batches = [labels_batch(args.batch, args.imgsz, objects, seed, device) for seed in range(3)]
+    with integ.patched() if patched else _nothing():
+        model, opt = build(device)
+        for i in range(args.warmup):
+            step(model, opt, batches[i % 3], device)
+        sync(device)
+        times = []
+        for i in range(args.steps):
+            t0 = time.perf_counter()
+            step(model, opt, batches[i % 3], device)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        # instrumented pass: time spent inside the assigners
+        spent = []
+        crit = model.criterion
+        parts = [crit.one2many, crit.one2one] if hasattr(crit, "one2one") else [crit]
+        originals = [p.assigner for p in parts]
+        for p, a in zip(parts, originals):
+            p.assigner = _Timed(a, spent, device)
+        inside = []
+        for i in range(min(args.steps, 5)):
+            spent.clear()
+            step(model, opt, batches[i % 3], device)
+            sync(device)
+            inside.append(sum(spent))
+        for p, a in zip(parts, originals):
+            p.assigner = a
+    med = statistics.median(times)
+    return dict(objects=objects, patched=patched, step_s=med, assign_s=statistics.median(inside),
+                assigners=sorted({type(a).__name__ for a in originals}))
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Timed:
+    def __init__(self, inner, spent, device):
+        self.inner, self.spent, self.device = inner, spent, device
+
+    def __call__(self, *args, **kwargs):
+        sync(self.device)
+        t0 = time.perf_counter()
+        out = self.inner(*args, **kwargs)
+        sync(self.device)
+        self.spent.append(time.perf_counter() - t0)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--imgsz", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--objects", type=int, nargs="+", default=[60, 300])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    args = p.parse_args(argv)
+    print(f"yolo26n-obb, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
+          f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")
+    print(f"{'objects':>7} {'assigner':<34} {'step ms':>9} {'assign ms':>10} {'share':>7}")
+    rows = []
+    for objects in args.objects:
+        for patched in (False, True):
+            r = measure(args, objects, patched)
+            rows.append(r)
+            print(f"{objects:>7} {', '.join(r['assigners']):<34} {r['step_s'] * 1e3:9.1f} {r['assign_s'] * 1e3:10.2f} "
+                  f"{100 * r['assign_s'] / r['step_s']:6.1f}%")
+        base, ours = rows[-2], rows[-1]
+        print(f"{'':>7} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
