@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from . import _library, api, reference
+from . import _library, api
 from .synthetic import dota_like_batch
 
 INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
@@ -74,7 +74,6 @@ def demo(args) -> int:
     strides = host["stride"]
     print(f"anchors: {host['anc_points'].shape[0]}, objects per image: {host['num_objects']}")
     kw = dict(topk=args.topk, num_classes=args.classes, stride=strides)
-    stride_val = reference.stride_value(strides)
     first = None
     for device in devices:
         batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
