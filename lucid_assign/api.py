@@ -118,27 +118,38 @@ def assign(
     )
 
 
+def _widens_exactly(narrow: torch.dtype, wide: torch.dtype) -> bool:
+    return narrow == wide or torch.promote_types(narrow, wide) == wide
+
+
 def _anchors_for_kernel(anc_points, gt_bboxes):
     """Anchors of a narrower float type than the boxes (bf16 under autocast, as the peer trainer makes them) are
     widened to the boxes' dtype: exact, and what the reference's type promotion does in every operation."""
-    if anc_points.dtype != gt_bboxes.dtype and torch.promote_types(anc_points.dtype, gt_bboxes.dtype) == gt_bboxes.dtype:
+    if anc_points.dtype != gt_bboxes.dtype and _widens_exactly(anc_points.dtype, gt_bboxes.dtype):
         return anc_points.to(gt_bboxes.dtype)
     return anc_points
 
 
-def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
-    """Why the compiled assign cannot take these inputs, or None when it can."""
+def device_unsupported(device: str) -> str | None:
+    """Why the compiled assign cannot run on tensors of this device type at all, or None when it can."""
     if not _library.loaded():
         return f"the compiled library is not loaded ({_library.LOAD_ERROR})"
-    device = pd_scores.device.type
     if device not in ("cpu", "cuda") or not _library.has_kernel("assign", device):
         return f"the compiled library has no assign kernel for {device} tensors"
+    return None
+
+
+def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
+    """Why the compiled assign cannot take these inputs, or None when it can."""
+    device = pd_scores.device.type
+    why = device_unsupported(device)
+    if why:
+        return why
     box_dtype = gt_bboxes.dtype
     allowed = (torch.float32, torch.float64) if device == "cpu" else (torch.float32,)
     if box_dtype not in allowed:
         return f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}"
-    anc_dtype = _anchors_for_kernel(anc_points[:0], gt_bboxes).dtype
-    if pd_bboxes.dtype != box_dtype or anc_dtype != box_dtype:
+    if pd_bboxes.dtype != box_dtype or not _widens_exactly(anc_points.dtype, box_dtype):
         return (f"the kernel needs pd_bboxes, anc_points and gt_bboxes of one dtype, got {pd_bboxes.dtype}, "
                 f"{anc_points.dtype} and {box_dtype}")
     score_ok = (torch.float32, torch.float16, torch.bfloat16) if box_dtype == torch.float32 else (torch.float64,)
@@ -174,11 +185,7 @@ def backends() -> dict:
     ``backend="auto"`` picks for float32 inputs on each device."""
     probe = {}
     for device in ("cpu", "cuda"):
-        why = None
-        if not _library.loaded():
-            why = f"the compiled library is not loaded ({_library.LOAD_ERROR})"
-        elif not _library.has_kernel("assign", device):
-            why = f"no assign kernel for {device} tensors"
+        why = device_unsupported(device)
         probe[device] = "kernel" if why is None else f"reference ({why})"
     forced = os.environ.get(ENV_BACKEND)
     return {
