@@ -55,12 +55,16 @@ def build(device):
 
 
 def step(model, opt, batch, device):
+    """One training step as the peer's trainer runs it: forward and loss under bf16 autocast, backward, SGD step.
+    Returns the loss and its items, detached, as one flat tensor."""
     with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
         preds = model(batch["img"])
-    loss, _ = model.loss(batch, preds)
+        loss, items = model.loss(batch, preds)
     opt.zero_grad(set_to_none=True)
     loss.sum().backward()
     opt.step()
+    parts = list(items.values()) if isinstance(items, dict) else [items]
+    return torch.cat([loss.detach().flatten()] + [torch.as_tensor(t).detach().flatten().to(loss.device) for t in parts])
 
 
 def measure(args, objects: int, patched: bool) -> dict:

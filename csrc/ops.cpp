@@ -1,7 +1,12 @@
 // The one place that declares the schemas of the `lucid` operator namespace.
 // Backends register implementations in cpu/*.cpp (CPU) and cuda/*.cu (CUDA); fake (meta) kernels live in
 // lucid_assign/ops.py next to the Python wrappers that document each op.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
+
+#include <tuple>
 
 TORCH_LIBRARY(lucid, m) {
   // SPEC step 1: (B, M, A) bool, true where anchor a lies in the candidate region of box m of image b.
@@ -35,6 +40,56 @@ TORCH_LIBRARY(lucid, m) {
 // outputs do not require grad.
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op : {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign"}) {
+    m.impl(op, torch::CppFunction::makeFallthrough());
+  }
+}
+
+// CUDA autocast runs `pow` in float32 (it is on PyTorch's autocast-to-float32 list): under
+// torch.autocast("cuda"), the reference's (and the peer's) s.pow(alpha) of float16/bfloat16 scores is the float32
+// power of the widened scores, neither rounded to the score dtype nor with a rounded exponent. The ops that take
+// the power (assign, box_metrics) therefore see float32 scores under CUDA autocast, widened exactly, so that every
+// backend computes what the reference computes in the same context. CPU autocast leaves pow in the input dtype and
+// needs nothing.
+namespace {
+
+at::Tensor widen_scores(const at::Tensor& s) {
+  const auto t = s.scalar_type();
+  return (t == at::kHalf || t == at::kBFloat16) && s.is_cuda() ? s.to(at::kFloat) : s;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_autocast(
+    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
+    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2, int64_t num_classes,
+    double alpha, double beta, double eps, double stride_val) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lucid::assign", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double, double,
+                                 double, double)>();
+  return op.call(widen_scores(pd_scores), pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                 num_classes, alpha, beta, eps, stride_val);
+}
+
+std::tuple<at::Tensor, at::Tensor> box_metrics_autocast(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
+                                                        const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
+                                                        const at::Tensor& candidates, double alpha, double beta) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lucid::box_metrics", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, double, double)>();
+  return op.call(widen_scores(pd_scores), pd_bboxes, gt_labels, gt_bboxes, candidates, alpha, beta);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lucid, AutocastCUDA, m) {
+  m.impl("assign", &assign_autocast);
+  m.impl("box_metrics", &box_metrics_autocast);
+  for (const char* op : {"points_in_boxes", "pair_overlaps", "resolve_conflicts"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

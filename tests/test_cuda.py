@@ -36,6 +36,34 @@ def test_kernel_equals_peer_on_cuda(library, peer_tal, obb, setting, score_dtype
 
 
 @pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+@pytest.mark.parametrize("score_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_under_cuda_autocast_equals_peer(library, peer_tal, obb, score_dtype):
+    """The peer trainer computes its loss under torch.autocast("cuda"), where pow runs in float32: the kernel, the
+    reference and the peer must agree there too (and differ from the same call outside autocast, or the test would
+    not see the policy at all)."""
+    inputs = to("cuda", make_problem(33, obb, batch=3, n_boxes=40, pad_rows=6, score_dtype=score_dtype))
+    kw = dict(num_classes=7, alpha=0.7, beta=6.0, topk=10)
+    cls = peer_tal.RotatedTaskAlignedAssigner if obb else peer_tal.TaskAlignedAssigner
+    with torch.autocast("cuda", dtype=score_dtype):
+        theirs = cls(stride=list(STRIDES), **kw)(*inputs)
+        ours = _kernel(inputs, **kw)
+        api_kernel = api.assign(*inputs, stride=STRIDES, backend="kernel", **kw)
+        ref = api.assign(*inputs, stride=STRIDES, backend="reference", **kw)
+        metrics = ops.box_metrics(inputs[0], inputs[1], inputs[3], inputs[4],
+                                  ops.points_in_boxes(inputs[2], inputs[4], inputs[5], 16.0) & inputs[5].bool(),
+                                  alpha=0.7, beta=6.0)
+    outside = _kernel(inputs, **kw)
+    for result in (ours, api_kernel, ref):
+        for a, b in zip(result, theirs):
+            assert a.dtype == b.dtype and torch.equal(a, b)
+    assert not torch.equal(outside[2], theirs[2])
+    cand = ops.points_in_boxes(inputs[2], inputs[4], inputs[5], 16.0) & inputs[5].bool()
+    ref_metrics = reference.box_metrics(inputs[0].float(), inputs[1], inputs[3], inputs[4], cand, 0.7, 6.0)
+    for a, b in zip(metrics, ref_metrics):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
 def test_cuda_and_cpu_kernels_agree(library, obb):
     inputs = make_problem(31, obb, batch=3, n_boxes=40, pad_rows=6)
     cpu = _kernel(inputs, num_classes=7, topk=10, topk2=4)

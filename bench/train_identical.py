@@ -1,0 +1,109 @@
+"""Training with and without lucid-assign is the same training: N steps of the peer trainer's yolo26n-obb, run three
+times from one seed (unpatched twice, then patched), with the peer's deterministic settings
+(``ultralytics.utils.torch_utils.init_seeds(0, deterministic=True)``, as its trainer sets them by default).
+
+    python bench/train_identical.py                        # GPU: 50 steps, batch 16 at 1024 px, bf16 autocast
+    python bench/train_identical.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3   # smoke test
+
+It prints, for the second unpatched run and for the patched run, how many of the loss values (every loss item of
+every step), model tensors (parameters and buffers) and optimiser-state tensors differ from the first run, bit for
+bit (NaN compared by its bits). Exit status 0 when the patched run matches and the two unpatched runs agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_step as ts  # noqa: E402
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().contiguous()
+    return t.view(torch.uint8) if t.is_floating_point() else t
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
+
+
+def flat_state(state, prefix=""):
+    """Every tensor of a (nested) state dict, by a dotted key."""
+    out = {}
+    for k, v in state.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, torch.Tensor):
+            out[key] = v.detach().cpu()
+        elif isinstance(v, dict):
+            out.update(flat_state(v, key + "."))
+    return out
+
+
+def train(args, batches, patched: bool) -> dict:
+    from ultralytics.utils.torch_utils import init_seeds
+
+    from lucid_assign.integrations import ultralytics as integ
+
+    init_seeds(0, deterministic=True)
+    with integ.patched(args.backend) if patched else ts._nothing(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, opt = ts.build(args.device)
+        losses = [ts.step(model, opt, batches[i % len(batches)], args.device).cpu() for i in range(args.steps)]
+        kinds = sorted({type(p.assigner).__name__ for p in _parts(model)})
+    notes = sorted({str(w.message).splitlines()[0][:160] for w in caught})
+    return dict(losses=losses, model=flat_state(model.state_dict()), opt=flat_state(opt.state_dict()), kinds=kinds,
+                warnings=notes)
+
+
+def _parts(model):
+    crit = model.criterion
+    return [crit.one2many, crit.one2one] if hasattr(crit, "one2one") else [crit]
+
+
+def compare(base: dict, other: dict) -> dict:
+    loss_diff = [i for i, (a, b) in enumerate(zip(base["losses"], other["losses"])) if not same(a, b)]
+    model_diff = [k for k in base["model"] if not same(base["model"][k], other["model"][k])]
+    opt_diff = [k for k in base["opt"] if k not in other["opt"] or not same(base["opt"][k], other["opt"][k])]
+    return dict(loss_steps=loss_diff, model=model_diff, opt=opt_diff, n_model=len(base["model"]),
+                n_opt=len(base["opt"]))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--imgsz", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--objects", type=int, default=60)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--backend", default="auto", help="backend of the patched run (auto, kernel, reference)")
+    p.add_argument("--batches", type=int, default=5, help="distinct synthetic batches, used in turn")
+    args = p.parse_args(argv)
+    print(f"yolo26n-obb, {args.steps} steps, batch {args.batch} at {args.imgsz} px, {args.objects} objects/image, "
+          f"bf16 autocast, {args.device}, torch {torch.__version__}"
+          f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")
+    batches = [ts.labels_batch(args.batch, args.imgsz, args.objects, 1000 + s, args.device) for s in range(args.batches)]
+    first = train(args, batches, patched=False)
+    runs = {"unpatched again": train(args, batches, patched=False), "patched": train(args, batches, patched=True)}
+    print(f"run 1 (unpatched): assigners {first['kinds']}; final loss items {first['losses'][-1].tolist()}")
+    for w in first["warnings"]:
+        print(f"  warning: {w}")
+    ok = True
+    for name, run in runs.items():
+        c = compare(first, run)
+        n_items = sum(t.numel() for t in first["losses"])
+        print(f"{name:>16}: assigners {run['kinds']}; loss steps differing {len(c['loss_steps'])}/{args.steps} "
+              f"({n_items} values), model tensors differing {len(c['model'])}/{c['n_model']}, "
+              f"optimiser tensors differing {len(c['opt'])}/{c['n_opt']}"
+              + (f"; first differing step {c['loss_steps'][0]}" if c["loss_steps"] else ""))
+        ok &= not (c["loss_steps"] or c["model"] or c["opt"])
+    print("IDENTICAL" if ok else "DIFFERENT")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
