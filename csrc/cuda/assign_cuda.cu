@@ -6,16 +6,23 @@
 //   prep_boxes_kernel        (B*M + B*A threads) per-box values: candidate region of each object (side floor),
 //                            atan(w/h) (HBB) or the Gaussian (OBB) of every object and prediction.
 //                            Writes B*M regions + (B*M + B*A) * 3 floats.
-//   candidates_topk_kernel   (one block per object row) scans all A anchors: containment, then metric and overlap of
-//                            the inside ones, compacted in index order into shared memory (recomputed on the fly
-//                            when a row has more than kListCap candidates). Selects the row's top K over all A
-//                            anchors by (metric desc, index asc), where outside anchors have metric 0, with a radix
-//                            select on order-preserving 32-bit keys and a block scan for the ties: this is the zero
-//                            fill of DESIGN.md trap 1. Writes claims: B*M*K (anchor, metric, overlap) + B*M counts.
+//   anchor_*_kernel          an index of the anchors by a 64 x 64 grid of cells over their bounding box (A ints).
+//   candidates_topk_kernel   (one block of 256 per object row) visits the anchors of the cells under the row's
+//                            candidate region: containment, then metric and overlap of the inside ones, compacted in
+//                            index order into shared memory. Selects the row's top K over all A anchors by (metric
+//                            desc, index asc), where outside anchors have metric 0, with a radix select on
+//                            order-preserving 32-bit keys and a block scan for the ties: this is the zero fill of
+//                            DESIGN.md trap 1. Writes claims: B*M*K (anchor, metric, overlap) + B*M counts. A row
+//                            with more than kListCap candidates is appended to a list of big rows instead.
+//   big_rows_kernel          (blocks of 512 taking big rows in turn) the same selection from a bitmap of the row's
+//                            candidates and a list of (key, anchor) pairs in dynamic shared memory (A pairs when
+//                            they fit), each metric computed once; B*M row ids.
 //   count_claims_kernel      (one thread per claim) per-anchor claim counter (atomicAdd) and claimant
 //                            (atomicMax: exact when the count is 1). Writes B*A.
-//   resolve_owners_kernel    (one thread per anchor) count 1: the claimant; count > 1: the first row with the
-//                            largest overlap over all M rows, recomputed (trap 2). Writes owner, metric, overlap: B*A.
+//   resolve_claims_kernel    (one thread per anchor) count 0: background; count 1: the claimant; count > 1: appended
+//                            to a list of conflicted anchors (B*A).
+//   resolve_conflicts_kernel (one warp per conflicted anchor) the first row with the largest overlap over all M rows,
+//                            recomputed (trap 2). With the previous kernel: owner, metric, overlap, B*A each.
 //   second_topk_kernel       (K2 != K; one block per row) the same selection over what the row owns (trap 3).
 //   row_maxima_kernel        (one thread per anchor) per-row max metric / overlap / count over the final owners,
 //                            by integer atomicMax on order-preserving keys (order-independent). Writes B*M.
@@ -34,6 +41,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <limits>
 
 #include "checks.h"
@@ -43,7 +51,7 @@ namespace lucid {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kListCap = 2048;  // candidates per row kept in shared memory; more are recomputed
+constexpr int kListCap = 2048;  // candidates per row in candidates_topk_kernel's list; more: a big row
 constexpr uint32_t kZeroKey = 0x80000000u;
 
 // Order-preserving key of a metric: larger key = ranks first. NaN ranks above every number; -0 ties with +0.
@@ -158,10 +166,7 @@ __global__ void prep_boxes_kernel(const T* __restrict__ gt, const bool* __restri
 // Entries (the explicit ones: candidates, or owned anchors) come from a Source in increasing anchor order; every
 // other anchor of the row has metric 0 (key kZeroKey). Selects the k best of the A anchors by (key desc, index asc)
 // and calls take(entry, slot) for each chosen explicit entry, slot in [0, k), in anchor order.
-template <typename T>
-struct SharedRow {
-  Entry<T> list[kListCap];
-  int32_t idx[kListCap];  // candidate anchors found through the cell index, sorted before use
+struct RadixState {
   int hist[256];
   uint32_t prefix;
   int k_rem;
@@ -169,8 +174,25 @@ struct SharedRow {
   int taken;
 };
 
-using BlockScan = cub::BlockScan<int, kThreads>;
+template <typename T>
+struct SharedRow : RadixState {
+  Entry<T> list[kListCap];
+  int32_t idx[kListCap];  // candidate anchors found through the cell index, sorted before use
+};
+
+template <int NT>
+using BlockScanT = cub::BlockScan<int, NT>;
+using BlockScan = BlockScanT<kThreads>;
 using BlockReduce = cub::BlockReduce<int, kThreads>;
+
+// hist[bin] += 1 for the lanes with `active`; called by all 32 lanes of a warp together. Lanes with the same bin
+// add once, through their leader, so that the many keys of a row sharing a bin do not serialise on one address.
+__device__ __forceinline__ void hist_add(int* hist, bool active, uint32_t bin) {
+  const unsigned lanes = __ballot_sync(0xffffffffu, active);
+  if (!active) return;
+  const unsigned peers = __match_any_sync(lanes, bin);
+  if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+}
 
 // Source over the shared list.
 template <typename T>
@@ -212,10 +234,11 @@ struct OwnedSource {
 };
 
 // Radix select of the k-th largest key among the explicit entries plus `implicit` anchors of key kZeroKey.
-// for_each_key(f) calls f(key) for this thread's share of the explicit entries, in any order. Leaves the k-th key
-// in sh.prefix and, in sh.k_rem, how many anchors with exactly that key are taken (the first ones by index).
-template <typename T, typename ForEachKey>
-__device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, SharedRow<T>& sh) {
+// for_each_key(f) calls f(active, key) for this thread's share of the explicit entries, in any order, with all 32
+// lanes of a warp calling together (active false on lanes without an entry). Leaves the k-th key in sh.prefix and,
+// in sh.k_rem, how many anchors with exactly that key are taken (the first ones by index).
+template <typename ForEachKey>
+__device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, RadixState& sh) {
   if (threadIdx.x == 0) {
     sh.prefix = 0;
     sh.k_rem = k;
@@ -227,8 +250,8 @@ __device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, S
     __syncthreads();
     const uint32_t prefix = sh.prefix;
     const int k_rem = sh.k_rem;  // read here, written only after the next barrier
-    for_each_key([&](uint32_t key) {
-      if ((key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1);
+    for_each_key([&](bool active, uint32_t key) {
+      hist_add(sh.hist, active && (key & mask) == prefix, (key >> shift) & 255u);
     });
     if (threadIdx.x == 0 && (kZeroKey & mask) == prefix && implicit > 0) {
       // at most A, which fits an int (A < 2^30 is checked by the host)
@@ -268,8 +291,8 @@ __device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, S
 // Given the k-th key and the number of ties to take, walks the explicit entries in anchor order and calls
 // take(entry, slot) for the chosen ones, slot in [0, k). Ties at kth rank by anchor index among all anchors with
 // that key; for the zero key that includes the implicit anchors.
-template <typename T, typename Src, typename Take>
-__device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename BlockScan::TempStorage& scan_tmp,
+template <int NT, typename T, typename Src, typename Take>
+__device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename BlockScanT<NT>::TempStorage& scan_tmp,
                               Take take) {
   int before_ne = 0, before_eq = 0, before_taken = 0;  // running totals over earlier chunks (same in all threads)
   const int64_t n = src.size();
@@ -280,9 +303,9 @@ __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename B
     const int is_eq = has && e.key == kth;
     const int is_ne_zero = has && e.key != kZeroKey;  // explicit entries that are not metric-0 anchors
     int ex_eq, ex_ne, sum_eq, sum_ne;
-    BlockScan(scan_tmp).ExclusiveSum(is_eq, ex_eq, sum_eq);
+    BlockScanT<NT>(scan_tmp).ExclusiveSum(is_eq, ex_eq, sum_eq);
     __syncthreads();
-    BlockScan(scan_tmp).ExclusiveSum(is_ne_zero, ex_ne, sum_ne);
+    BlockScanT<NT>(scan_tmp).ExclusiveSum(is_ne_zero, ex_ne, sum_ne);
     __syncthreads();
     bool chosen = false;
     if (has) {
@@ -295,7 +318,7 @@ __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename B
       }
     }
     int ex_taken, sum_taken;
-    BlockScan(scan_tmp).ExclusiveSum(static_cast<int>(chosen), ex_taken, sum_taken);
+    BlockScanT<NT>(scan_tmp).ExclusiveSum(static_cast<int>(chosen), ex_taken, sum_taken);
     __syncthreads();
     if (chosen) take(e, before_taken + ex_taken);
     before_eq += sum_eq;
@@ -305,18 +328,20 @@ __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename B
 }
 
 // Top-k of a row whose explicit entries come from src (in anchor order).
-template <typename T, typename Src, typename Take>
-__device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k, SharedRow<T>& sh,
-                           typename BlockScan::TempStorage& scan_tmp, Take take) {
-  radix_select<T>(
+template <int NT, typename T, typename Src, typename Take>
+__device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k, RadixState& sh,
+                           typename BlockScanT<NT>::TempStorage& scan_tmp, Take take) {
+  radix_select(
       [&](auto f) {
-        for (int64_t i = threadIdx.x; i < src.size(); i += blockDim.x) {
+        for (int64_t base = 0; base < src.size(); base += blockDim.x) {
+          const int64_t i = base + threadIdx.x;
           Entry<T> e;
-          if (src.get(i, e)) f(e.key);
+          const bool has = i < src.size() && src.get(i, e);
+          f(has, has ? e.key : 0u);
         }
       },
       A - n_explicit, k, sh);
-  take_in_order<T>(src, sh.prefix, sh.k_rem, scan_tmp, take);
+  take_in_order<NT, T>(src, sh.prefix, sh.k_rem, scan_tmp, take);
 }
 
 // ---- anchor cell index -----------------------------------------------------------------------------------------
@@ -453,10 +478,12 @@ __device__ void sort_indices(SharedRow<T>& sh, int n) {
 }
 
 // ---- pass 1 ----------------------------------------------------------------------------------------------------
+// Rows with at most kListCap candidates (nearly all) are done here, one block of kThreads per row; a row with more
+// is appended to `big_rows` for big_rows_kernel, which has more threads and a larger list per row.
 template <typename S, typename T>
 __global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, CellIndex cells, int32_t* claim_n,
                                                                      int32_t* claim_anchor, T* claim_align,
-                                                                     T* claim_ov) {
+                                                                     T* claim_ov, int32_t* big_rows, int32_t* big_n) {
   const int64_t row = blockIdx.x;
   const int64_t b = row / P.M;
   __shared__ SharedRow<T> sh;
@@ -483,32 +510,30 @@ __global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T>
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
       const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
-      for (int j = begin + lane; j < end; j += 32) {
-        const int32_t a = cells.sorted[j];
-        if (P.contains(row, a)) {
-          const int slot = atomicAdd(&sh.n, 1);
-          if (slot < kListCap) sh.idx[slot] = a;
-        }
+      for (int j0 = begin; j0 < end; j0 += 32) {  // the warp's lanes together (warp-aggregated slots)
+        const int j = j0 + lane;
+        const int32_t a = j < end ? cells.sorted[j] : 0;
+        const bool in = j < end && P.contains(row, a);
+        const unsigned m = __ballot_sync(0xffffffffu, in);
+        int base = 0;
+        if (lane == 0 && m) base = atomicAdd(&sh.n, __popc(m));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        const int slot = base + __popc(m & ((1u << lane) - 1u));
+        if (in && slot < kListCap) sh.idx[slot] = a;
       }
     }
     __syncthreads();
     count = sh.n;
-    if (count <= kListCap) {
-      sort_indices(sh, count);
-      for (int i = threadIdx.x; i < count; i += blockDim.x) sh.list[i] = P.entry(row, b, sh.idx[i]);
-      __syncthreads();
-    } else if (threadIdx.x == 0) {
-      use_scan = 1;
+    if (count > kListCap) {  // a big row: left to big_rows_kernel, which writes its claims
+      if (threadIdx.x == 0) big_rows[atomicAdd(big_n, 1)] = static_cast<int32_t>(row);
+      return;
     }
-  } else if (threadIdx.x == 0) {
-    use_scan = 1;
-  }
-  __syncthreads();
-  if (use_scan) {
-    // general path: scan every anchor in order, compacting into the list while it has room
-    if (threadIdx.x == 0) sh.n = 0;
+    sort_indices(sh, count);
+    for (int i = threadIdx.x; i < count; i += blockDim.x) sh.list[i] = P.entry(row, b, sh.idx[i]);
     __syncthreads();
-    count = 0;
+  } else {
+    // no usable cell range (a non-finite box or anchors): scan every anchor in order, compacting into the list
+    // while it has room
     for (int64_t base = 0; base < P.A; base += blockDim.x) {
       const int64_t a = base + threadIdx.x;
       const int inside = a < P.A && P.contains(row, a);
@@ -533,56 +558,134 @@ __global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T>
   };
   if (count <= kListCap) {
     ListSource<T> src{&sh};
-    select_row<T>(src, count, P.A, k, sh, scan_tmp, take);
+    select_row<kThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
   } else {
-    // more candidates than the list holds: find the k-th key over the cells (recomputing metrics), then keep only
-    // the entries at or above it, which are few unless the k-th key is the zero key (the row fills its top-k with
-    // zero-metric anchors) or the ties there are many: then walk every anchor in order instead.
-    bool done = false;
-    if (!use_scan) {
-      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-      auto for_each_cell_anchor = [&](auto f) {
-        for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
-          const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
-          for (int j = begin + lane; j < end; j += 32) {
-            const int32_t a = cells.sorted[j];
-            if (P.contains(row, a)) f(a);
-          }
-        }
-      };
-      radix_select<T>([&](auto f) { for_each_cell_anchor([&](int32_t a) { f(P.entry(row, b, a).key); }); },
-                      P.A - count, k, sh);
-      const uint32_t kth = sh.prefix;
-      const int k_eq = sh.k_rem;
-      if (kth > kZeroKey) {
-        if (threadIdx.x == 0) sh.n = 0;
-        __syncthreads();
-        for_each_cell_anchor([&](int32_t a) {
-          if (P.entry(row, b, a).key >= kth) {
-            const int slot = atomicAdd(&sh.n, 1);
-            if (slot < kListCap) sh.idx[slot] = a;
-          }
-        });
-        __syncthreads();
-        const int kept = sh.n;
-        if (kept <= kListCap) {
-          sort_indices(sh, kept);
-          for (int i = threadIdx.x; i < kept; i += blockDim.x) sh.list[i] = P.entry(row, b, sh.idx[i]);
-          __syncthreads();
-          ListSource<T> src{&sh};
-          take_in_order<T>(src, kth, k_eq, scan_tmp, take);
-          done = true;
-        }
-      }
-      __syncthreads();
-    }
-    if (!done) {
-      RecomputeSource<S, T> src{&P, row, b};
-      select_row<T>(src, count, P.A, k, sh, scan_tmp, take);
-    }
+    RecomputeSource<S, T> src{&P, row, b};
+    select_row<kThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
   }
   __syncthreads();
   if (threadIdx.x == 0) claim_n[row] = sh.taken;
+}
+
+// The rows with more than kListCap candidates, kBigThreads threads per row, blocks taking rows from the list in
+// turn. The candidates are marked in a bitmap over the image's anchors (dynamic shared memory, A bits), compacted
+// in anchor order by a scan of the bitmap's popcounts, and each one's metric key is computed once into a list of
+// `cap` (key, anchor) pairs, also in dynamic shared memory: cap = A whenever the device's shared memory allows
+// (A <= ~27,000 anchors on an H100/H200), so the list cannot overflow there. A row with more candidates than cap
+// takes the general in-order walk over all A anchors with the metrics recomputed (slow, and only possible with
+// more anchors than that). Only the K chosen anchors get their full entry (metric and overlap) recomputed.
+constexpr int kBigThreads = 512;
+
+template <typename S, typename T>
+struct KeySource {  // the compacted (key, anchor) list of a big row, in anchor order
+  const uint32_t* keys;
+  const int32_t* anchors;
+  int64_t n;
+  __device__ int64_t size() const { return n; }
+  __device__ bool get(int64_t i, Entry<T>& e) const {
+    e.key = keys[i];
+    e.anchor = anchors[i];
+    return true;
+  }
+};
+
+inline int64_t big_row_smem(int64_t A, int64_t cap) { return ((A + 31) / 32) * 4 + cap * 8; }
+
+template <typename S, typename T>
+__global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> P, CellIndex cells, const int32_t* big_rows,
+                                                                 const int32_t* big_n, int64_t cap, int32_t* claim_n,
+                                                                 int32_t* claim_anchor, T* claim_align, T* claim_ov) {
+  extern __shared__ __align__(16) unsigned char dyn[];
+  const bool use_bits = cap >= 0;  // false: not even the bitmap fits in shared memory
+  const int64_t n_words = use_bits ? (P.A + 31) / 32 : 0;
+  uint32_t* bits = reinterpret_cast<uint32_t*>(dyn);
+  uint32_t* keys = bits + n_words;
+  int32_t* anchors = reinterpret_cast<int32_t*>(keys + (use_bits ? cap : 0));
+  __shared__ RadixState sh;
+  __shared__ typename BlockScanT<kBigThreads>::TempStorage scan_tmp;
+  const int n_big = *big_n;
+  for (int r = blockIdx.x; r < n_big; r += gridDim.x) {
+    const int64_t row = big_rows[r];
+    const int64_t b = row / P.M;
+    for (int64_t w = threadIdx.x; w < n_words; w += blockDim.x) bits[w] = 0u;
+    if (threadIdx.x == 0) {
+      sh.n = 0;
+      sh.taken = 0;
+    }
+    __syncthreads();
+    // the candidates, through the cells (the small kernel found the cell range usable)
+    T x0, y0, x1, y1;
+    region_bbox(P.prep, row, P.D, x0, y0, x1, y1);
+    const float* bd = cells.bounds;
+    const int cx0 = cell_of(x0, bd[0], bd[2]), cx1 = cell_of(x1, bd[0], bd[2]);
+    const int cy0 = cell_of(y0, bd[1], bd[3]), cy1 = cell_of(y1, bd[1], bd[3]);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
+      const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
+      for (int j0 = begin; j0 < end; j0 += 32) {
+        const int j = j0 + lane;
+        const int32_t a = j < end ? cells.sorted[j] : 0;
+        const bool in = j < end && P.contains(row, a);
+        if (in && use_bits) atomicOr(&bits[a >> 5], 1u << (a & 31));
+        const unsigned m = __ballot_sync(0xffffffffu, in);
+        if (lane == 0 && m) atomicAdd(&sh.n, __popc(m));
+      }
+    }
+    __syncthreads();
+    const int64_t count = sh.n;
+    const int k = P.K;
+    int32_t* out_anchor = claim_anchor + row * k;
+    T* out_align = claim_align + row * k;
+    T* out_ov = claim_ov + row * k;
+    auto take = [&](const Entry<T>& e, int slot) {
+      const Entry<T> full = P.entry(row, b, e.anchor);
+      out_anchor[slot] = full.anchor;
+      out_align[slot] = full.align;
+      out_ov[slot] = full.overlap;
+      atomicMax(&sh.taken, slot + 1);
+    };
+    if (use_bits && count <= cap) {
+      // compact in anchor order: each thread takes consecutive words, a block scan gives its first position
+      const int64_t per = (n_words + blockDim.x - 1) / blockDim.x;
+      const int64_t w0 = threadIdx.x * per, w1 = w0 + per < n_words ? w0 + per : n_words;
+      int mine = 0;
+      for (int64_t w = w0; w < w1; ++w) mine += __popc(bits[w]);
+      int pos, total;
+      BlockScanT<kBigThreads>(scan_tmp).ExclusiveSum(mine, pos, total);
+      for (int64_t w = w0; w < w1; ++w) {
+        uint32_t word = bits[w];
+        while (word) {
+          const int bit = __ffs(word) - 1;
+          word &= word - 1;
+          anchors[pos++] = static_cast<int32_t>(w * 32 + bit);
+        }
+      }
+      __syncthreads();
+      for (int64_t i = threadIdx.x; i < count; i += blockDim.x) keys[i] = P.entry(row, b, anchors[i]).key;
+      __syncthreads();
+      radix_select(
+          [&](auto f) {
+            for (int64_t base = 0; base < count; base += blockDim.x) {
+              const int64_t i = base + threadIdx.x;
+              f(i < count, i < count ? keys[i] : 0u);
+            }
+          },
+          P.A - count, k, sh);
+      KeySource<S, T> src{keys, anchors, count};
+      take_in_order<kBigThreads, T>(src, sh.prefix, sh.k_rem, scan_tmp, take);
+    } else {
+      RecomputeSource<S, T> src{&P, row, b};
+      select_row<kBigThreads, T>(src, count, P.A, k, sh, scan_tmp, [&](const Entry<T>& e, int slot) {
+        out_anchor[slot] = e.anchor;
+        out_align[slot] = e.align;
+        out_ov[slot] = e.overlap;
+        atomicMax(&sh.taken, slot + 1);
+      });
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) claim_n[row] = sh.taken;
+    __syncthreads();
+  }
 }
 
 // ---- passes 2-3 ------------------------------------------------------------------------------------------------
@@ -598,64 +701,76 @@ __global__ void count_claims_kernel(const int32_t* claim_n, const int32_t* claim
   atomicMax(&claimant[idx], static_cast<unsigned long long>(i));
 }
 
-// One warp per anchor: most exit at once (count 0 or 1); a conflicted anchor's M rows are shared by the lanes, and
-// the first maximum (NaN counts as the maximum, as in torch.argmax) is found by a warp reduction.
-template <typename S, typename T>
-__global__ void resolve_owners_kernel(Problem<S, T> P, const int32_t* count, const unsigned long long* claimant,
-                                      const T* claim_align, const T* claim_ov, int64_t* owner, T* own_align,
-                                      T* own_ov) {
-  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (i >= P.B * P.A) return;
-  const int64_t b = i / P.A, a = i % P.A;
+// One thread per anchor: an anchor claimed once takes its claimant; an anchor claimed several times is appended to
+// `conflicts` for resolve_conflicts_kernel.
+template <typename T>
+__global__ void resolve_claims_kernel(int64_t n, int64_t A, int64_t M, int k, const int32_t* count,
+                                      const unsigned long long* claimant, const T* claim_align, const T* claim_ov,
+                                      int64_t* owner, T* own_align, T* own_ov, int64_t* conflicts,
+                                      unsigned long long* n_conf) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
   const int c = count[i];
-  if (c <= 1) {
+  if (c == 0) {
+    owner[i] = -1;
+    own_align[i] = T(0);
+    own_ov[i] = T(0);
+  } else if (c == 1) {
+    const int64_t slot = static_cast<int64_t>(claimant[i]);
+    owner[i] = slot / k - (i / A) * M;
+    own_align[i] = claim_align[slot];
+    own_ov[i] = claim_ov[slot];
+  } else {
+    conflicts[atomicAdd(n_conf, 1ull)] = i;
+  }
+}
+
+// One warp per conflicted anchor (warps take anchors from the list in turn): the M rows are shared by the lanes,
+// and the first maximum of the overlap over all M rows (NaN counts as the maximum, as in torch.argmax; rows where
+// the anchor is not a candidate count 0) is found by a warp reduction. Each anchor's result is written by its own
+// warp, so the order of the list does not matter.
+template <typename S, typename T>
+__global__ void resolve_conflicts_kernel(Problem<S, T> P, const int64_t* conflicts, const int64_t* n_conf,
+                                         int64_t* owner, T* own_align, T* own_ov) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  const int64_t n = *n_conf;
+  for (int64_t w = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; w < n; w += warps) {
+    const int64_t i = conflicts[w];
+    const int64_t b = i / P.A, a = i % P.A;
+    // each lane: first maximum over its rows m = lane, lane + 32, ...
+    int64_t best = -1;
+    T best_v = T(0);
+    for (int64_t m = lane; m < P.M; m += 32) {
+      const int64_t row = b * P.M + m;
+      const T v = P.candidate(row, a) ? P.overlap(row, i) : T(0);
+      if (best < 0 || (!geom::isnan_(best_v) && (geom::isnan_(v) || v > best_v))) {
+        best = m;
+        best_v = v;
+      }
+    }
+    // combine lanes: better value wins (NaN above all), ties to the lower row
+    for (int o = 16; o > 0; o >>= 1) {
+      const int64_t ob = __shfl_down_sync(0xffffffffu, best, o);
+      const T ov = __shfl_down_sync(0xffffffffu, best_v, o);
+      if (ob >= 0) {
+        const bool nan_me = geom::isnan_(best_v), nan_o = geom::isnan_(ov);
+        bool take;
+        if (best < 0) take = true;
+        else if (nan_me || nan_o) take = nan_o && (!nan_me || ob < best);
+        else take = ov > best_v || (ov == best_v && ob < best);
+        if (take) {
+          best = ob;
+          best_v = ov;
+        }
+      }
+    }
     if (lane == 0) {
-      if (c == 0) {
-        owner[i] = -1;
-        own_align[i] = T(0);
-        own_ov[i] = T(0);
-      } else {
-        const int64_t slot = static_cast<int64_t>(claimant[i]);
-        owner[i] = slot / P.K - b * P.M;
-        own_align[i] = claim_align[slot];
-        own_ov[i] = claim_ov[slot];
-      }
+      const int64_t row = b * P.M + best;
+      owner[i] = best;
+      own_ov[i] = best_v;
+      own_align[i] = P.candidate(row, a) ? P.align(row, i, best_v) : T(0);
     }
-    return;
-  }
-  // each lane: first maximum over its rows m = lane, lane + 32, ...; rows that are not candidates count 0
-  int64_t best = -1;
-  T best_v = T(0);
-  for (int64_t m = lane; m < P.M; m += 32) {
-    const int64_t row = b * P.M + m;
-    const T v = P.candidate(row, a) ? P.overlap(row, i) : T(0);
-    if (best < 0 || (!geom::isnan_(best_v) && (geom::isnan_(v) || v > best_v))) {
-      best = m;
-      best_v = v;
-    }
-  }
-  // combine lanes: better value wins (NaN above all), ties to the lower row
-  for (int o = 16; o > 0; o >>= 1) {
-    const int64_t ob = __shfl_down_sync(0xffffffffu, best, o);
-    const T ov = __shfl_down_sync(0xffffffffu, best_v, o);
-    if (ob >= 0) {
-      const bool nan_me = geom::isnan_(best_v), nan_o = geom::isnan_(ov);
-      bool take;
-      if (best < 0) take = true;
-      else if (nan_me || nan_o) take = nan_o && (!nan_me || ob < best);
-      else take = ov > best_v || (ov == best_v && ob < best);
-      if (take) {
-        best = ob;
-        best_v = ov;
-      }
-    }
-  }
-  if (lane == 0) {
-    const int64_t row = b * P.M + best;
-    owner[i] = best;
-    own_ov[i] = best_v;
-    own_align[i] = P.candidate(row, a) ? P.align(row, i, best_v) : T(0);
   }
 }
 
@@ -678,7 +793,8 @@ __global__ void __launch_bounds__(kThreads) second_topk_kernel(int64_t* owner, c
   if (n_owned == 0) return;
   OwnedSource<T> src{own, own_align + b * A, own_ov + b * A, m, A};
   // survivors are flagged in `keep`; the owner array is updated by a later kernel so no block reads a changed value
-  select_row<T>(src, n_owned, A, k2, sh, scan_tmp, [&](const Entry<T>& e, int) { keep[b * A + e.anchor] = 1; });
+  select_row<kThreads, T>(src, n_owned, A, k2, sh, scan_tmp,
+                          [&](const Entry<T>& e, int) { keep[b * A + e.anchor] = 1; });
 }
 
 __global__ void apply_keep_kernel(int64_t* owner, const int32_t* keep, int64_t n) {
@@ -830,6 +946,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     const CellIndex cells{bounds.data_ptr<T>(), cell_offsets.data_ptr<int32_t>(), cell_sorted.data_ptr<int32_t>()};
 
     auto claim_n = at::empty({B * M}, i32);
+    auto big_rows = at::empty({B * M}, i32);
+    auto big_n = at::zeros({1}, i32);
+    auto conflicts = at::empty({B * A}, opts.dtype(at::kLong));
+    auto n_conf = at::zeros({1}, opts.dtype(at::kLong));
     auto claim_anchor = at::empty({B * M, topk}, i32);
     auto claim_align = at::empty({B * M, topk}, topts);
     auto claim_ov = at::empty({B * M, topk}, topts);
@@ -852,17 +972,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       candidates_topk_kernel<S, T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
           P, cells, claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), claim_align.data_ptr<T>(),
-          claim_ov.data_ptr<T>());
+          claim_ov.data_ptr<T>(), big_rows.data_ptr<int32_t>(), big_n.data_ptr<int32_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+      {
+        // the big rows: as many blocks as fit on the device at once, each taking rows from the list in turn
+        const auto* props = at::cuda::getCurrentDeviceProperties();
+        auto kernel = big_rows_kernel<S, T>;
+        cudaFuncAttributes attr;
+        C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+        const int64_t avail = static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_cast<int64_t>(attr.sharedSizeBytes);
+        // cap: the (key, anchor) pairs that fit next to the bitmap; -1 when not even the bitmap fits (then every
+        // big row takes the recompute path)
+        const int64_t room = avail - big_row_smem(A, 0);
+        const int64_t cap = room < 0 ? -1 : std::min<int64_t>(A, room / 8);
+        const int64_t smem = cap < 0 ? 0 : big_row_smem(A, cap);
+        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        int per_sm = 0;
+        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBigThreads, smem));
+        const int64_t grid = std::min<int64_t>(B * M, static_cast<int64_t>(props->multiProcessorCount) * std::max(per_sm, 1));
+        kernel<<<static_cast<unsigned>(grid), kBigThreads, smem, stream>>>(
+            P, cells, big_rows.data_ptr<int32_t>(), big_n.data_ptr<int32_t>(), cap, claim_n.data_ptr<int32_t>(),
+            claim_anchor.data_ptr<int32_t>(), claim_align.data_ptr<T>(), claim_ov.data_ptr<T>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
       count_claims_kernel<T><<<blocks_for(B * M * topk), kThreads, 0, stream>>>(
           claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), B * M, M, A, static_cast<int>(topk),
           count.data_ptr<int32_t>(), reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      resolve_owners_kernel<S, T><<<blocks_for(B * A * 32), kThreads, 0, stream>>>(
-          P, count.data_ptr<int32_t>(), reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()),
-          claim_align.data_ptr<T>(), claim_ov.data_ptr<T>(), owner.data_ptr<int64_t>(), own_align.data_ptr<T>(),
-          own_ov.data_ptr<T>());
+      resolve_claims_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
+          B * A, A, M, static_cast<int>(topk), count.data_ptr<int32_t>(),
+          reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()), claim_align.data_ptr<T>(),
+          claim_ov.data_ptr<T>(), owner.data_ptr<int64_t>(), own_align.data_ptr<T>(), own_ov.data_ptr<T>(),
+          conflicts.data_ptr<int64_t>(), reinterpret_cast<unsigned long long*>(n_conf.data_ptr<int64_t>()));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+      {
+        // enough warps to fill the device; each takes conflicted anchors from the list in turn
+        const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+        const int64_t grid = std::min<int64_t>(sms * 8, (B * A + kThreads / 32 - 1) / (kThreads / 32));
+        resolve_conflicts_kernel<S, T><<<static_cast<unsigned>(std::max<int64_t>(grid, 1)), kThreads, 0, stream>>>(
+            P, conflicts.data_ptr<int64_t>(), n_conf.data_ptr<int64_t>(), owner.data_ptr<int64_t>(),
+            own_align.data_ptr<T>(), own_ov.data_ptr<T>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
     });
     if (topk2 != topk) {
       auto keep = at::zeros({B, A}, i32);
