@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on the lent H200: build, CUDA tests first (stop on failure), then the whole suite,
-# compute-sanitizer (memcheck, racecheck) over a representative subset, and the benchmarks side by side with the peer.
+# compute-sanitizer (memcheck, racecheck, initcheck) over a representative subset, and the benchmarks side by side with the peer.
 # Logs, JSON and plots land in $OUT. Usage: bash scripts/h200_session.sh [quick]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,8 +11,10 @@ export OUT
 bash scripts/gpu_check.sh tests/test_cuda.py tests/test_assign_ops.py -x -k "cuda" || exit 1
 grep -q " passed" "$OUT/pytest.log" && ! grep -q " failed" "$OUT/pytest.log" || exit 1
 export PYTHONPATH=/tmp/site LUCID_REQUIRE_EXT=1 LUCID_REQUIRE_PEER=1 PYTHONUNBUFFERED=1
-for tool in memcheck racecheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest tests/test_cuda.py -k sanitize -q \
+SANITIZE="${SANITIZE:-tests/test_cuda.py -k sanitize}"
+for tool in memcheck racecheck initcheck; do
+  # shellcheck disable=SC2086
+  timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest $SANITIZE -q \
     -p no:cacheprovider >"$OUT/sanitizer_$tool.log" 2>&1
   echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
   grep -m 5 -E "Error|Race|hazard|at .*assign_cuda" "$OUT/sanitizer_$tool.log" | cut -c1-200

@@ -357,23 +357,24 @@ struct CellIndex {
   const int32_t* sorted;   // (A) anchors grouped by cell
 };
 
-// bounds: order keys of min x, min y (stored negated as max of reversed keys) and max x, max y; see bounds_value.
+// keys: order keys of max x, max y in keys[2], keys[3] and the complements of the keys of min x, min y in keys[0],
+// keys[1], so that all four are maxima of counters that start at zero.
 __global__ void anchor_bounds_kernel(const float* anc, int64_t A, uint32_t* keys) {
   // NaN anchors never lie inside a box and are left out of the index
   const int64_t a = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (a >= A) return;
   const float x = anc[2 * a], y = anc[2 * a + 1];
   if (x != x || y != y) return;
-  atomicMin(&keys[0], order_key(x));
-  atomicMin(&keys[1], order_key(y));
+  atomicMax(&keys[0], ~order_key(x));
+  atomicMax(&keys[1], ~order_key(y));
   atomicMax(&keys[2], order_key(x));
   atomicMax(&keys[3], order_key(y));
 }
 
 __global__ void anchor_bounds_finish_kernel(const uint32_t* keys, float* bounds) {
   if (threadIdx.x < 4) {
-    // no finite anchor at all: min key stays 0xFFFFFFFF (NaN) and the index is not used
-    bounds[threadIdx.x] = key_to_float(keys[threadIdx.x]);
+    // no finite anchor at all: every bound is NaN and the index is not used
+    bounds[threadIdx.x] = key_to_float(threadIdx.x < 2 ? ~keys[threadIdx.x] : keys[threadIdx.x]);
   }
 }
 
@@ -478,93 +479,176 @@ __device__ void sort_indices(SharedRow<T>& sh, int n) {
 }
 
 // ---- pass 1 ----------------------------------------------------------------------------------------------------
-// Rows with at most kListCap candidates (nearly all) are done here, one block of kThreads per row; a row with more
-// is appended to `big_rows` for big_rows_kernel, which has more threads and a larger list per row.
+// Three kernels by the size of the row. tiny_rows_kernel gives every row a warp: padding rows and rows with at most
+// 32 candidates (most rows) are done there; the others go to a list of medium rows for candidates_topk_kernel (a
+// block of kThreads per row, list of kListCap entries in shared memory), which passes rows with more than kListCap
+// candidates on to big_rows_kernel. Each row's claims are written by exactly one of them.
+
+// The cell range under a row's candidate region; false when it cannot be used (non-finite box or anchors).
 template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, CellIndex cells, int32_t* claim_n,
-                                                                     int32_t* claim_anchor, T* claim_align,
-                                                                     T* claim_ov, int32_t* big_rows, int32_t* big_n) {
-  const int64_t row = blockIdx.x;
-  const int64_t b = row / P.M;
-  __shared__ SharedRow<T> sh;
-  __shared__ typename BlockScan::TempStorage scan_tmp;
-  __shared__ int use_scan;
+__device__ bool row_cells(const Problem<S, T>& P, const CellIndex& cells, int64_t row, int& cx0, int& cy0, int& cx1,
+                          int& cy1) {
+  T x0, y0, x1, y1;
+  if (!region_bbox(P.prep, row, P.D, x0, y0, x1, y1)) return false;
+  const float* bd = cells.bounds;
+  cx0 = cell_of(x0, bd[0], bd[2]), cx1 = cell_of(x1, bd[0], bd[2]);
+  cy0 = cell_of(y0, bd[1], bd[3]), cy1 = cell_of(y1, bd[1], bd[3]);
+  return cx0 >= 0 && cy0 >= 0 && cx1 >= 0 && cy1 >= 0;
+}
+
+constexpr int kTinyWarps = kThreads / 32;
+
+template <typename S, typename T>
+__global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, CellIndex cells, int32_t* claim_n,
+                                                               int32_t* claim_anchor, T* claim_align, T* claim_ov,
+                                                               int32_t* medium_rows, int32_t* medium_n) {
+  __shared__ int32_t found[kTinyWarps][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kTinyWarps + warp;
+  if (row >= P.B * P.M) return;  // whole warps
   if (!P.valid[row]) {
-    if (threadIdx.x == 0) claim_n[row] = 0;
+    if (lane == 0) claim_n[row] = 0;
     return;
   }
-  if (threadIdx.x == 0) {
-    sh.n = 0;
-    sh.taken = 0;
-    use_scan = 0;
+  const int64_t b = row / P.M;
+  int cx0, cy0, cx1, cy1;
+  int n = 0;  // candidates found (same in all lanes)
+  bool small = row_cells(P, cells, row, cx0, cy0, cx1, cy1);
+  for (int cy = cy0; small && cy <= cy1; ++cy) {
+    const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
+    for (int j0 = begin; small && j0 < end; j0 += 32) {
+      const int j = j0 + lane;
+      const int32_t a = j < end ? cells.sorted[j] : 0;
+      const bool in = j < end && P.contains(row, a);
+      const unsigned m = __ballot_sync(0xffffffffu, in);
+      const int slot = n + __popc(m & ((1u << lane) - 1u));
+      if (in && slot < 32) found[warp][slot] = a;
+      n += __popc(m);
+      small = n <= 32;
+    }
   }
-  __syncthreads();
-  int count = 0;  // candidates of the row (same in all threads)
-  // fast path: visit the anchors of the cells under the region's bounding box
-  T x0, y0, x1, y1;
-  const bool box_ok = region_bbox(P.prep, row, P.D, x0, y0, x1, y1);
-  const float* bd = cells.bounds;
-  const int cx0 = box_ok ? cell_of(x0, bd[0], bd[2]) : -1, cx1 = box_ok ? cell_of(x1, bd[0], bd[2]) : -1;
-  const int cy0 = box_ok ? cell_of(y0, bd[1], bd[3]) : -1, cy1 = box_ok ? cell_of(y1, bd[1], bd[3]) : -1;
-  if (cx0 >= 0 && cy0 >= 0 && cx1 >= 0 && cy1 >= 0) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
-      const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
-      for (int j0 = begin; j0 < end; j0 += 32) {  // the warp's lanes together (warp-aggregated slots)
-        const int j = j0 + lane;
-        const int32_t a = j < end ? cells.sorted[j] : 0;
-        const bool in = j < end && P.contains(row, a);
-        const unsigned m = __ballot_sync(0xffffffffu, in);
-        int base = 0;
-        if (lane == 0 && m) base = atomicAdd(&sh.n, __popc(m));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        const int slot = base + __popc(m & ((1u << lane) - 1u));
-        if (in && slot < kListCap) sh.idx[slot] = a;
+  if (!small) {
+    if (lane == 0) medium_rows[atomicAdd(medium_n, 1)] = static_cast<int32_t>(row);
+    return;
+  }
+  __syncwarp();
+  // lane i holds candidate i; its rank among all A anchors by (key desc, index asc), where the A - n others have
+  // the zero key, decides whether it is among the K chosen
+  const bool has = lane < n;
+  Entry<T> e{};
+  if (has) e = P.entry(row, b, found[warp][lane]);
+  const uint32_t key = has ? e.key : 0u;
+  const int64_t anchor = has ? e.anchor : 0;
+  const int n_pos = __popc(__ballot_sync(0xffffffffu, has && key > kZeroKey));
+  const int n_nonzero = __popc(__ballot_sync(0xffffffffu, has && key != kZeroKey));
+  int64_t before = 0;  // explicit entries ranked ahead of this one (positive / negative keys), or non-zero entries
+                       // with a lower index (zero key)
+  for (int j = 0; j < n; ++j) {
+    const uint32_t kj = __shfl_sync(0xffffffffu, key, j);
+    const int64_t aj = __shfl_sync(0xffffffffu, anchor, j);
+    if (key == kZeroKey) {
+      before += kj != kZeroKey && aj < anchor;
+    } else if ((key > kZeroKey) == (kj > kZeroKey) && kj != kZeroKey) {
+      before += kj > key || (kj == key && aj < anchor);
+    }
+  }
+  int64_t rank;
+  if (key > kZeroKey) rank = before;
+  else if (key == kZeroKey) rank = n_pos + anchor - before;
+  else rank = n_pos + (P.A - n_nonzero) + before;
+  const bool chosen = has && rank < P.K;
+  const unsigned chosen_lanes = __ballot_sync(0xffffffffu, chosen);
+  if (chosen) {
+    const int64_t slot = row * P.K + __popc(chosen_lanes & ((1u << lane) - 1u));
+    claim_anchor[slot] = e.anchor;
+    claim_align[slot] = e.align;
+    claim_ov[slot] = e.overlap;
+  }
+  if (lane == 0) claim_n[row] = __popc(chosen_lanes);
+}
+
+template <typename S, typename T>
+__global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, CellIndex cells,
+                                                                     const int32_t* medium_rows,
+                                                                     const int32_t* medium_n, int32_t* claim_n,
+                                                                     int32_t* claim_anchor, T* claim_align,
+                                                                     T* claim_ov, int32_t* big_rows, int32_t* big_n) {
+  __shared__ SharedRow<T> sh;
+  __shared__ typename BlockScan::TempStorage scan_tmp;
+  const int n_medium = *medium_n;
+  for (int r = blockIdx.x; r < n_medium; r += gridDim.x) {
+    const int64_t row = medium_rows[r];
+    const int64_t b = row / P.M;
+    if (threadIdx.x == 0) {
+      sh.n = 0;
+      sh.taken = 0;
+    }
+    __syncthreads();
+    int count = 0;  // candidates of the row (same in all threads)
+    int cx0, cy0, cx1, cy1;
+    if (row_cells(P, cells, row, cx0, cy0, cx1, cy1)) {
+      // visit the anchors of the cells under the region's bounding box
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+      for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
+        const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
+        for (int j0 = begin; j0 < end; j0 += 32) {  // the warp's lanes together (warp-aggregated slots)
+          const int j = j0 + lane;
+          const int32_t a = j < end ? cells.sorted[j] : 0;
+          const bool in = j < end && P.contains(row, a);
+          const unsigned m = __ballot_sync(0xffffffffu, in);
+          int base = 0;
+          if (lane == 0 && m) base = atomicAdd(&sh.n, __popc(m));
+          base = __shfl_sync(0xffffffffu, base, 0);
+          const int slot = base + __popc(m & ((1u << lane) - 1u));
+          if (in && slot < kListCap) sh.idx[slot] = a;
+        }
       }
-    }
-    __syncthreads();
-    count = sh.n;
-    if (count > kListCap) {  // a big row: left to big_rows_kernel, which writes its claims
-      if (threadIdx.x == 0) big_rows[atomicAdd(big_n, 1)] = static_cast<int32_t>(row);
-      return;
-    }
-    sort_indices(sh, count);
-    for (int i = threadIdx.x; i < count; i += blockDim.x) sh.list[i] = P.entry(row, b, sh.idx[i]);
-    __syncthreads();
-  } else {
-    // no usable cell range (a non-finite box or anchors): scan every anchor in order, compacting into the list
-    // while it has room
-    for (int64_t base = 0; base < P.A; base += blockDim.x) {
-      const int64_t a = base + threadIdx.x;
-      const int inside = a < P.A && P.contains(row, a);
-      int offset, total;
-      BlockScan(scan_tmp).ExclusiveSum(inside, offset, total);
       __syncthreads();
-      if (inside && count + offset < kListCap) sh.list[count + offset] = P.entry(row, b, a);
-      count += total;
+      count = sh.n;
+      if (count > kListCap) {  // a big row: left to big_rows_kernel, which writes its claims
+        if (threadIdx.x == 0) big_rows[atomicAdd(big_n, 1)] = static_cast<int32_t>(row);
+        __syncthreads();
+        continue;
+      }
+      sort_indices(sh, count);
+      for (int i = threadIdx.x; i < count; i += blockDim.x) sh.list[i] = P.entry(row, b, sh.idx[i]);
+      __syncthreads();
+    } else {
+      // no usable cell range (a non-finite box or anchors): scan every anchor in order, compacting into the list
+      // while it has room
+      for (int64_t base = 0; base < P.A; base += blockDim.x) {
+        const int64_t a = base + threadIdx.x;
+        const int inside = a < P.A && P.contains(row, a);
+        int offset, total;
+        BlockScan(scan_tmp).ExclusiveSum(inside, offset, total);
+        __syncthreads();
+        if (inside && count + offset < kListCap) sh.list[count + offset] = P.entry(row, b, a);
+        count += total;
+      }
+      if (threadIdx.x == 0) sh.n = count < kListCap ? count : kListCap;
+      __syncthreads();
     }
-    if (threadIdx.x == 0) sh.n = count < kListCap ? count : kListCap;
+    const int k = P.K;
+    int32_t* anchors = claim_anchor + row * k;
+    T* al = claim_align + row * k;
+    T* ov = claim_ov + row * k;
+    auto take = [&](const Entry<T>& e, int slot) {
+      anchors[slot] = e.anchor;
+      al[slot] = e.align;
+      ov[slot] = e.overlap;
+      atomicMax(&sh.taken, slot + 1);
+    };
+    if (count <= kListCap) {
+      ListSource<T> src{&sh};
+      select_row<kThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
+    } else {
+      RecomputeSource<S, T> src{&P, row, b};
+      select_row<kThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) claim_n[row] = sh.taken;
     __syncthreads();
   }
-  const int k = P.K;
-  int32_t* anchors = claim_anchor + row * k;
-  T* al = claim_align + row * k;
-  T* ov = claim_ov + row * k;
-  auto take = [&](const Entry<T>& e, int slot) {
-    anchors[slot] = e.anchor;
-    al[slot] = e.align;
-    ov[slot] = e.overlap;
-    atomicMax(&sh.taken, slot + 1);
-  };
-  if (count <= kListCap) {
-    ListSource<T> src{&sh};
-    select_row<kThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
-  } else {
-    RecomputeSource<S, T> src{&P, row, b};
-    select_row<kThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) claim_n[row] = sh.taken;
 }
 
 // The rows with more than kListCap candidates, kBigThreads threads per row, blocks taking rows from the list in
@@ -613,12 +697,9 @@ __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> 
       sh.taken = 0;
     }
     __syncthreads();
-    // the candidates, through the cells (the small kernel found the cell range usable)
-    T x0, y0, x1, y1;
-    region_bbox(P.prep, row, P.D, x0, y0, x1, y1);
-    const float* bd = cells.bounds;
-    const int cx0 = cell_of(x0, bd[0], bd[2]), cx1 = cell_of(x1, bd[0], bd[2]);
-    const int cy0 = cell_of(y0, bd[1], bd[3]), cy1 = cell_of(y1, bd[1], bd[3]);
+    // the candidates, through the cells (candidates_topk_kernel found the cell range usable)
+    int cx0, cy0, cx1, cy1;
+    row_cells(P, cells, row, cx0, cy0, cx1, cy1);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
       const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
@@ -860,6 +941,104 @@ __global__ void scores_kernel(const bool* fg, const int64_t* labels, const T* no
   }
 }
 
+// Offsets into one allocation (16-byte aligned). With a null base it only measures.
+class Layout {
+ public:
+  Layout() = default;
+  explicit Layout(uint8_t* base) : base_(base) {}
+  template <typename U>
+  U* take(int64_t n) {
+    off_ = (off_ + 15) / 16 * 16;
+    U* p = base_ ? reinterpret_cast<U*>(base_ + off_) : nullptr;
+    off_ += n * static_cast<int64_t>(sizeof(U));
+    return p;
+  }
+  int64_t size() const { return off_ > 0 ? off_ : 1; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  int64_t off_ = 0;
+};
+
+// The working buffers of one call: O(B*M*K + B*A + B*M) in all.
+template <typename T>
+struct Workspace {
+  // start at zero
+  uint32_t* bound_keys;
+  int32_t* cell_counts;
+  int32_t* medium_n;
+  int32_t* big_n;
+  unsigned long long* n_conf;
+  int32_t* count;                // claims per anchor (B*A)
+  unsigned long long* claimant;  // (B*A)
+  int32_t* keep;                 // second top-k survivors (B*A), when topk2 != topk
+  uint32_t* best_align;          // per-row maxima keys (B*M); 0 ranks below every number
+  uint32_t* best_ov;
+  int32_t* owned;
+  int64_t zero_bytes;
+  // written before being read
+  uint8_t* regions;
+  T* gprep;
+  T* pprep;
+  T* bounds;
+  int32_t* cell_offsets;
+  int32_t* cell_cursor;
+  int32_t* cell_sorted;
+  int32_t* claim_n;
+  int32_t* medium_rows;
+  int32_t* big_rows;
+  int32_t* claim_anchor;
+  T* claim_align;
+  T* claim_ov;
+  int64_t* conflicts;
+  int64_t* owner;
+  T* own_align;
+  T* own_ov;
+  T* norm;
+
+  void carve(Layout& L, int64_t B, int64_t A, int64_t M, int64_t K, bool second, int64_t D) {
+    bound_keys = L.take<uint32_t>(4);
+    cell_counts = L.take<int32_t>(kCells * kCells);
+    medium_n = L.take<int32_t>(1);
+    big_n = L.take<int32_t>(1);
+    n_conf = L.take<unsigned long long>(1);
+    count = L.take<int32_t>(B * A);
+    claimant = L.take<unsigned long long>(B * A);
+    keep = L.take<int32_t>(second ? B * A : 0);
+    best_align = L.take<uint32_t>(B * M);
+    best_ov = L.take<uint32_t>(B * M);
+    owned = L.take<int32_t>(B * M);
+    zero_bytes = L.size();
+    regions = L.take<uint8_t>(B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
+                                                                 : sizeof(geom::ObbRegion<T>)));
+    gprep = L.take<T>(B * M * 3);
+    pprep = L.take<T>(B * A * 3);
+    bounds = L.take<T>(4);
+    cell_offsets = L.take<int32_t>(kCells * kCells + 1);
+    cell_cursor = L.take<int32_t>(kCells * kCells);
+    cell_sorted = L.take<int32_t>(A);
+    claim_n = L.take<int32_t>(B * M);
+    medium_rows = L.take<int32_t>(B * M);
+    big_rows = L.take<int32_t>(B * M);
+    claim_anchor = L.take<int32_t>(B * M * K);
+    claim_align = L.take<T>(B * M * K);
+    claim_ov = L.take<T>(B * M * K);
+    conflicts = L.take<int64_t>(B * A);
+    owner = L.take<int64_t>(B * A);
+    own_align = L.take<T>(B * A);
+    own_ov = L.take<T>(B * A);
+    norm = L.take<T>(B * A);
+  }
+};
+
+// Blocks of a kernel that fit on one multiprocessor at once (at least 1).
+template <typename Kernel>
+int64_t occupancy(Kernel kernel, int threads, int64_t smem) {
+  int per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem)));
+  return std::max(per_sm, 1);
+}
+
 inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   const int64_t b = (n + threads - 1) / threads;
   TORCH_CHECK(b <= std::numeric_limits<int32_t>::max(), "lucid.assign: problem too large for one launch (", n,
@@ -899,84 +1078,65 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   const auto labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
   const auto scores = pd_scores.contiguous();
   const auto pd = pd_bboxes.contiguous(), gt = gt_bboxes.contiguous(), anc = anc_points.contiguous();
-  const auto i32 = opts.dtype(at::kInt);
   TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
               " (the Python API falls back to the reference for other dtypes)");
   {
     using T = float;
-    const auto topts = opts.dtype(box_t);
+    // every working buffer is carved from one allocation; the counters, which must start at zero, come first and
+    // are cleared by one memset
+    Workspace<T> w;
+    Layout probe;
+    w.carve(probe, B, A, M, topk, topk2 != topk, D);
+    auto workspace = at::empty({probe.size()}, opts.dtype(at::kByte));
+    Layout real{workspace.data_ptr<uint8_t>()};
+    w.carve(real, B, A, M, topk, topk2 != topk, D);
+    C10_CUDA_CHECK(cudaMemsetAsync(workspace.data_ptr(), 0, w.zero_bytes, stream));
+    auto* hbb = reinterpret_cast<geom::HbbRegion<T>*>(w.regions);
+    auto* obb = reinterpret_cast<geom::ObbRegion<T>*>(w.regions);
     // per-box preparation
-    auto regions = at::empty({B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
-                                                                   : sizeof(geom::ObbRegion<T>))},
-                             opts.dtype(at::kByte));
-    auto gprep = at::empty({B * M, 3}, topts);
-    auto pprep = at::empty({B * A, 3}, topts);
-    auto* hbb = reinterpret_cast<geom::HbbRegion<T>*>(regions.data_ptr());
-    auto* obb = reinterpret_cast<geom::ObbRegion<T>*>(regions.data_ptr());
     prep_boxes_kernel<T><<<blocks_for(B * M + B * A), kThreads, 0, stream>>>(
         gt.data_ptr<T>(), valid.data_ptr<bool>(), pd.data_ptr<T>(), B * M, B * A, static_cast<int>(D),
-        static_cast<T>(stride_val), hbb, obb, gprep.data_ptr<T>(), pprep.data_ptr<T>());
+        static_cast<T>(stride_val), hbb, obb, w.gprep, w.pprep);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 
     // anchor cell index
-    auto bounds = at::empty({4}, topts);
-    auto bound_keys = at::full({4}, -1, i32);  // min keys start at 0xFFFFFFFF, max keys at 0
-    bound_keys.narrow(0, 2, 2).zero_();
-    auto cell_counts = at::zeros({kCells * kCells}, i32);
-    auto cell_offsets = at::empty({kCells * kCells + 1}, i32);
-    auto cell_cursor = at::empty({kCells * kCells}, i32);
-    auto cell_sorted = at::empty({A}, i32);
-    anchor_bounds_kernel<<<blocks_for(A), kThreads, 0, stream>>>(
-        anc.data_ptr<T>(), A, reinterpret_cast<uint32_t*>(bound_keys.data_ptr<int32_t>()));
+    anchor_bounds_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, w.bound_keys);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    anchor_bounds_finish_kernel<<<1, 32, 0, stream>>>(reinterpret_cast<uint32_t*>(bound_keys.data_ptr<int32_t>()),
-                                                       bounds.data_ptr<T>());
+    anchor_bounds_finish_kernel<<<1, 32, 0, stream>>>(w.bound_keys, w.bounds);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    anchor_cells_count_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, bounds.data_ptr<T>(),
-                                                                       cell_counts.data_ptr<int32_t>());
+    anchor_cells_count_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, w.bounds, w.cell_counts);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    anchor_cells_scan_kernel<<<1, kThreads, 0, stream>>>(cell_counts.data_ptr<int32_t>(),
-                                                          cell_offsets.data_ptr<int32_t>(),
-                                                          cell_cursor.data_ptr<int32_t>());
+    anchor_cells_scan_kernel<<<1, kThreads, 0, stream>>>(w.cell_counts, w.cell_offsets, w.cell_cursor);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    anchor_cells_fill_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, bounds.data_ptr<T>(),
-                                                                      cell_cursor.data_ptr<int32_t>(),
-                                                                      cell_sorted.data_ptr<int32_t>());
+    anchor_cells_fill_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, w.bounds, w.cell_cursor,
+                                                                      w.cell_sorted);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const CellIndex cells{bounds.data_ptr<T>(), cell_offsets.data_ptr<int32_t>(), cell_sorted.data_ptr<int32_t>()};
-
-    auto claim_n = at::empty({B * M}, i32);
-    auto big_rows = at::empty({B * M}, i32);
-    auto big_n = at::zeros({1}, i32);
-    auto conflicts = at::empty({B * A}, opts.dtype(at::kLong));
-    auto n_conf = at::zeros({1}, opts.dtype(at::kLong));
-    auto claim_anchor = at::empty({B * M, topk}, i32);
-    auto claim_align = at::empty({B * M, topk}, topts);
-    auto claim_ov = at::empty({B * M, topk}, topts);
-    auto count = at::zeros({B, A}, i32);
-    auto claimant = at::zeros({B, A}, opts.dtype(at::kLong));
-    auto owner = at::empty({B, A}, opts.dtype(at::kLong));
-    auto own_align = at::empty({B, A}, topts);
-    auto own_ov = at::empty({B, A}, topts);
-    auto best_align = at::zeros({B * M}, i32);  // keys; 0 ranks below every number
-    auto best_ov = at::zeros({B * M}, i32);
-    auto owned = at::zeros({B * M}, i32);
-    auto norm = at::empty({B, A}, topts);
+    const CellIndex cells{w.bounds, w.cell_offsets, w.cell_sorted};
 
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
       using S = scalar_t;
       Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), anc.data_ptr<T>(), gt.data_ptr<T>(),
                       labels.data_ptr<int64_t>(), valid.data_ptr<bool>(), B, A, C, M, static_cast<int>(D),
                       static_cast<int>(topk), static_cast<int>(topk2), alpha, beta, static_cast<T>(eps),
-                      Prep<T>{hbb, obb, gprep.data_ptr<T>(), pprep.data_ptr<T>()}};
+                      Prep<T>{hbb, obb, w.gprep, w.pprep}};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
-      candidates_topk_kernel<S, T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
-          P, cells, claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), claim_align.data_ptr<T>(),
-          claim_ov.data_ptr<T>(), big_rows.data_ptr<int32_t>(), big_n.data_ptr<int32_t>());
+      const auto* props = at::cuda::getCurrentDeviceProperties();
+      tiny_rows_kernel<S, T><<<blocks_for(B * M, kTinyWarps), kThreads, 0, stream>>>(
+          P, cells, w.claim_n, w.claim_anchor, w.claim_align,
+          w.claim_ov, w.medium_rows, w.medium_n);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       {
-        // the big rows: as many blocks as fit on the device at once, each taking rows from the list in turn
-        const auto* props = at::cuda::getCurrentDeviceProperties();
+        // the medium rows: as many blocks as fit on the device at once, each taking rows from the list in turn
+        auto kernel = candidates_topk_kernel<S, T>;
+        const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kThreads, 0));
+        kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+            P, cells, w.medium_rows, w.medium_n, w.claim_n,
+            w.claim_anchor, w.claim_align, w.claim_ov,
+            w.big_rows, w.big_n);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      {
+        // the big rows, likewise
         auto kernel = big_rows_kernel<S, T>;
         cudaFuncAttributes attr;
         C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
@@ -987,65 +1147,62 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
         const int64_t cap = room < 0 ? -1 : std::min<int64_t>(A, room / 8);
         const int64_t smem = cap < 0 ? 0 : big_row_smem(A, cap);
         C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        int per_sm = 0;
-        C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBigThreads, smem));
-        const int64_t grid = std::min<int64_t>(B * M, static_cast<int64_t>(props->multiProcessorCount) * std::max(per_sm, 1));
+        const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kBigThreads, smem));
         kernel<<<static_cast<unsigned>(grid), kBigThreads, smem, stream>>>(
-            P, cells, big_rows.data_ptr<int32_t>(), big_n.data_ptr<int32_t>(), cap, claim_n.data_ptr<int32_t>(),
-            claim_anchor.data_ptr<int32_t>(), claim_align.data_ptr<T>(), claim_ov.data_ptr<T>());
+            P, cells, w.big_rows, w.big_n, cap, w.claim_n,
+            w.claim_anchor, w.claim_align, w.claim_ov);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
       count_claims_kernel<T><<<blocks_for(B * M * topk), kThreads, 0, stream>>>(
-          claim_n.data_ptr<int32_t>(), claim_anchor.data_ptr<int32_t>(), B * M, M, A, static_cast<int>(topk),
-          count.data_ptr<int32_t>(), reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()));
+          w.claim_n, w.claim_anchor, B * M, M, A, static_cast<int>(topk),
+          w.count, w.claimant);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       resolve_claims_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-          B * A, A, M, static_cast<int>(topk), count.data_ptr<int32_t>(),
-          reinterpret_cast<unsigned long long*>(claimant.data_ptr<int64_t>()), claim_align.data_ptr<T>(),
-          claim_ov.data_ptr<T>(), owner.data_ptr<int64_t>(), own_align.data_ptr<T>(), own_ov.data_ptr<T>(),
-          conflicts.data_ptr<int64_t>(), reinterpret_cast<unsigned long long*>(n_conf.data_ptr<int64_t>()));
+          B * A, A, M, static_cast<int>(topk), w.count,
+          w.claimant, w.claim_align,
+          w.claim_ov, w.owner, w.own_align, w.own_ov,
+          w.conflicts, w.n_conf);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       {
         // enough warps to fill the device; each takes conflicted anchors from the list in turn
         const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
         const int64_t grid = std::min<int64_t>(sms * 8, (B * A + kThreads / 32 - 1) / (kThreads / 32));
         resolve_conflicts_kernel<S, T><<<static_cast<unsigned>(std::max<int64_t>(grid, 1)), kThreads, 0, stream>>>(
-            P, conflicts.data_ptr<int64_t>(), n_conf.data_ptr<int64_t>(), owner.data_ptr<int64_t>(),
-            own_align.data_ptr<T>(), own_ov.data_ptr<T>());
+            P, w.conflicts, reinterpret_cast<const int64_t*>(w.n_conf), w.owner,
+            w.own_align, w.own_ov);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     });
     if (topk2 != topk) {
-      auto keep = at::zeros({B, A}, i32);
       second_topk_kernel<T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
-          owner.data_ptr<int64_t>(), own_align.data_ptr<T>(), own_ov.data_ptr<T>(), M, A, static_cast<int>(topk2),
-          keep.data_ptr<int32_t>());
+          w.owner, w.own_align, w.own_ov, M, A, static_cast<int>(topk2),
+          w.keep);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      apply_keep_kernel<<<blocks_for(B * A), kThreads, 0, stream>>>(owner.data_ptr<int64_t>(),
-                                                                      keep.data_ptr<int32_t>(), B * A);
+      apply_keep_kernel<<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner,
+                                                                      w.keep, B * A);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     row_maxima_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-        owner.data_ptr<int64_t>(), own_align.data_ptr<T>(), own_ov.data_ptr<T>(), B, M, A,
-        reinterpret_cast<uint32_t*>(best_align.data_ptr<int32_t>()),
-        reinterpret_cast<uint32_t*>(best_ov.data_ptr<int32_t>()), owned.data_ptr<int32_t>());
+        w.owner, w.own_align, w.own_ov, B, M, A,
+        w.best_align,
+        w.best_ov, w.owned);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     targets_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-        owner.data_ptr<int64_t>(), own_align.data_ptr<T>(), reinterpret_cast<uint32_t*>(best_align.data_ptr<int32_t>()),
-        reinterpret_cast<uint32_t*>(best_ov.data_ptr<int32_t>()), owned.data_ptr<int32_t>(),
+        w.owner, w.own_align, w.best_align,
+        w.best_ov, w.owned,
         labels.data_ptr<int64_t>(), gt.data_ptr<T>(), B, M, A, static_cast<int>(D), static_cast<T>(eps),
         target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(), fg_mask.data_ptr<bool>(),
-        target_gt_idx.data_ptr<int64_t>(), norm.data_ptr<T>());
+        target_gt_idx.data_ptr<int64_t>(), w.norm);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const int64_t n_scores = B * A * C;
     const unsigned score_blocks = static_cast<unsigned>(std::min<int64_t>((n_scores + kThreads - 1) / kThreads, 65536));
     if (n_scores < (int64_t{1} << 31) - int64_t{65536} * kThreads) {  // 32-bit index math when it cannot overflow
       scores_kernel<T, int32_t><<<score_blocks, kThreads, 0, stream>>>(
-          fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(), norm.data_ptr<T>(),
+          fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(), w.norm,
           static_cast<int32_t>(B * A), static_cast<int32_t>(C), target_scores.data_ptr<T>());
     } else {
       scores_kernel<T, int64_t><<<score_blocks, kThreads, 0, stream>>>(
-          fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(), norm.data_ptr<T>(), B * A, C,
+          fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(), w.norm, B * A, C,
           target_scores.data_ptr<T>());
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();

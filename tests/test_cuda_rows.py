@@ -1,0 +1,128 @@
+"""The CUDA assign sorts object rows by their number of candidates: a warp per row for up to 32, a block with a
+shared-memory list for up to 2,048, a big-row kernel with a list in dynamic shared memory beyond that, and the
+recompute walk over all anchors when even that list is too small (more anchors than fit, as at 1280 px) or the cell
+index cannot be used (a non-finite box). Every path, with positive, zero and negative metrics at the k-th place,
+must equal the reference on CUDA bit for bit. Skipped without a GPU."""
+
+import math
+
+import pytest
+import torch
+
+from lucid_assign import ops, reference
+from lucid_assign.synthetic import anchor_points
+
+from cases import STRIDES
+
+pytestmark = pytest.mark.cuda
+
+
+def scene(img, sizes, obb, seed, far=False, negative=False, nan_row=None, classes=5, device="cuda"):
+    """One image per entry of ``sizes`` (a list of box sides per image): boxes centred at random, predictions near
+    every anchor (or far away with ``far``: overlaps 0, metrics 0), scores in [0, 1) (shifted by -0.5 with
+    ``negative``, so metrics < 0 with alpha 1)."""
+    g = torch.Generator().manual_seed(seed)
+    anc = anchor_points(img)
+    A = anc.shape[0]
+    B, M = len(sizes), max(len(s) for s in sizes)
+    D = 5 if obb else 4
+    gt = torch.zeros(B, M, D)
+    mask = torch.zeros(B, M, 1)
+    for b, row in enumerate(sizes):
+        for m, side in enumerate(row):
+            c = torch.rand(2, generator=g) * img
+            wh = torch.tensor([side, side * (0.5 + torch.rand(1, generator=g).item())])
+            if obb:
+                gt[b, m] = torch.cat((c, wh, (torch.rand(1, generator=g) - 0.5) * math.pi))
+            else:
+                gt[b, m] = torch.cat((c - wh / 2, c + wh / 2))
+            mask[b, m] = 1
+    if nan_row is not None:
+        gt[nan_row] = float("nan")
+    labels = (torch.rand(B, M, 1, generator=g) * classes).floor() * mask
+    ctr = anc[None] + (torch.rand(B, A, 2, generator=g) - 0.5) * 8 + (5000 if far else 0)
+    wh = 6 + torch.rand(B, A, 2, generator=g) * 60
+    if obb:
+        pd = torch.cat((ctr, wh, (torch.rand(B, A, 1, generator=g) - 0.5) * math.pi), -1)
+    else:
+        pd = torch.cat((ctr - wh / 2, ctr + wh / 2), -1)
+    scores = torch.rand(B, A, classes, generator=g) ** 2
+    scores[torch.rand(B, A, classes, generator=g) < 0.05] = 0  # ties
+    if negative:
+        scores = scores - 0.5
+    return [t.to(device) for t in (scores, pd, anc, labels, gt, mask)]
+
+
+def check(inputs, **kw):
+    kw = dict(dict(num_classes=5, topk=10, alpha=0.5, beta=6.0), **kw)
+    got = ops.assign(*inputs, stride_val=reference.stride_value(STRIDES), **kw)
+    want = reference.assign(*inputs, stride=STRIDES, **kw)
+    names = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
+    for name, a, b in zip(names, got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b), f"{name}: {(a != b).sum().item()} differ"
+    return got
+
+
+# per image: box sides that give rows of every size class at 1024 px (21,504 anchors): a few px (under the stride
+# floor), ~20-30 candidates, a few hundred, ~2,000-3,000, and one covering nearly the image
+MIXED = [[4, 12, 30, 60, 150, 260, 330, 700], [6, 40, 90, 400, 1500], [8, 20, 2000, 3, 3, 3]]
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+@pytest.mark.parametrize("topk", [(10, None), (40, None), (13, 3)], ids=["k10", "k40", "k13k2=3"])
+def test_every_row_size(library, obb, topk):
+    k, k2 = topk
+    out = check(scene(1024, MIXED, obb, seed=1), topk=k, topk2=k2)
+    assert out[3].any()
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+def test_zero_metrics_at_the_kth_place(library, obb):
+    """Predictions far from every object: every overlap is 0, so each row's top-k is the lowest-indexed anchors,
+    candidates or not, in rows of every size."""
+    out = check(scene(1024, MIXED, obb, seed=2, far=True))
+    assert out[3].any()
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+@pytest.mark.parametrize("alpha", [1.0, 2.0])
+def test_negative_metrics(library, obb, alpha):
+    """Scores below 0 (alpha 1: negative metrics, which rank below the zero of the non-candidates)."""
+    check(scene(1024, MIXED, obb, seed=3, negative=True), alpha=alpha)
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+@pytest.mark.parametrize("far", [False, True], ids=["near", "far"])
+def test_more_candidates_than_shared_memory(library, obb, far):
+    """1280 px (33,600 anchors): a box over the whole image has more candidates than the big-row list holds on an
+    H200, and takes the recompute walk."""
+    check(scene(1280, [[3000, 50, 8], [2500]], obb, seed=4, far=far))
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+def test_non_finite_box_rows(library, obb):
+    """A real object whose box is NaN has no usable cell range: the block scans every anchor (none inside)."""
+    check(scene(1024, MIXED, obb, seed=5, nan_row=(0, 2)))
+
+
+def test_many_small_rows_graph_replay(library):
+    """Row lists are rebuilt on every replay of a captured graph."""
+    inputs = scene(1024, [[3 + (i * 37) % 500 for i in range(120)] for _ in range(4)], True, seed=6)
+    kw = dict(num_classes=5, topk=10, stride_val=16.0)
+    static = [t.clone() for t in inputs]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.assign(*static, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.assign(*static, **kw)
+    other = scene(1024, [[3 + (i * 53) % 700 for i in range(120)] for _ in range(4)], True, seed=7)
+    for case in (other, inputs):
+        for dst, src in zip(static, case):
+            dst.copy_(src)
+        graph.replay()
+        want = reference.assign(*case, stride=STRIDES, num_classes=5, topk=10)
+        for a, b in zip(captured, want):
+            assert torch.equal(a, b)
