@@ -11,10 +11,11 @@ export OUT
 bash scripts/gpu_check.sh tests/test_cuda.py tests/test_cuda_rows.py tests/test_assign_ops.py -x -k "cuda" || exit 1
 grep -q " passed" "$OUT/pytest.log" && ! grep -q " failed" "$OUT/pytest.log" || exit 1
 export PYTHONPATH=/tmp/site LUCID_REQUIRE_EXT=1 LUCID_REQUIRE_PEER=1 PYTHONUNBUFFERED=1
-SANITIZE="${SANITIZE:-tests/test_cuda.py -k sanitize}"
+SANITIZE_FILES="${SANITIZE_FILES:-tests/test_cuda.py}"  # what compute-sanitizer runs: files, and a -k expression
+SANITIZE_K="${SANITIZE_K:-sanitize}"
 for tool in memcheck racecheck initcheck; do
   # shellcheck disable=SC2086
-  timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest $SANITIZE -q \
+  timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest $SANITIZE_FILES -k "$SANITIZE_K" -q \
     -p no:cacheprovider >"$OUT/sanitizer_$tool.log" 2>&1
   echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
   grep -m 5 -E "Error|Race|hazard|at .*assign_cuda" "$OUT/sanitizer_$tool.log" | cut -c1-200

@@ -42,7 +42,11 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "checks.h"
 #include "geometry.h"
@@ -1031,12 +1035,58 @@ struct Workspace {
   }
 };
 
-// Blocks of a kernel that fit on one multiprocessor at once (at least 1).
+// Launch facts of a kernel on the current device, asked of the driver once and then remembered (they cost more
+// host time than a launch): its static shared memory, and how many blocks of a given size fit on one
+// multiprocessor (at least 1). raise_smem_limit lets the kernel take `smem` bytes of dynamic shared memory.
+struct KernelFacts {
+  std::mutex mu;
+  std::map<std::tuple<const void*, int, int, int64_t>, int64_t> values;  // (kernel, device, what/threads, smem)
+
+  template <typename Kernel>
+  int64_t get(Kernel kernel, int what, int64_t smem, const std::function<int64_t()>& ask) {
+    int device = 0;
+    C10_CUDA_CHECK(cudaGetDevice(&device));
+    const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, what, smem);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = values.find(key);
+      if (it != values.end()) return it->second;
+    }
+    const int64_t v = ask();
+    std::lock_guard<std::mutex> lock(mu);
+    values[key] = v;
+    return v;
+  }
+};
+KernelFacts& kernel_facts() {
+  static KernelFacts facts;
+  return facts;
+}
+
+template <typename Kernel>
+int64_t static_smem(Kernel kernel) {
+  return kernel_facts().get(kernel, -1, 0, [&] {
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    return static_cast<int64_t>(attr.sharedSizeBytes);
+  });
+}
+
+template <typename Kernel>
+void raise_smem_limit(Kernel kernel, int64_t smem) {
+  kernel_facts().get(kernel, -2, smem, [&] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    return int64_t{0};
+  });
+}
+
 template <typename Kernel>
 int64_t occupancy(Kernel kernel, int threads, int64_t smem) {
-  int per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem)));
-  return std::max(per_sm, 1);
+  return kernel_facts().get(kernel, threads, smem, [&] {
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, static_cast<size_t>(smem)));
+    return static_cast<int64_t>(std::max(per_sm, 1));
+  });
 }
 
 inline unsigned blocks_for(int64_t n, int threads = kThreads) {
@@ -1138,15 +1188,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
       {
         // the big rows, likewise
         auto kernel = big_rows_kernel<S, T>;
-        cudaFuncAttributes attr;
-        C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-        const int64_t avail = static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_cast<int64_t>(attr.sharedSizeBytes);
+        const int64_t avail = static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_smem(kernel);
         // cap: the (key, anchor) pairs that fit next to the bitmap; -1 when not even the bitmap fits (then every
         // big row takes the recompute path)
         const int64_t room = avail - big_row_smem(A, 0);
         const int64_t cap = room < 0 ? -1 : std::min<int64_t>(A, room / 8);
         const int64_t smem = cap < 0 ? 0 : big_row_smem(A, cap);
-        C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        raise_smem_limit(kernel, smem);
         const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kBigThreads, smem));
         kernel<<<static_cast<unsigned>(grid), kBigThreads, smem, stream>>>(
             P, cells, w.big_rows, w.big_n, cap, w.claim_n,
