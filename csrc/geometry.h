@@ -301,5 +301,15 @@ LUCID_HD T probiou(T gx, T gy, const Gauss<T>& g, T px, T py, const Gauss<T>& p)
   return sub(T(1), sqrt_(probiou_sqrt_arg(exp_(-bd))));
 }
 
+// ---- step 8 with non-finite metrics -----------------------------------------------------------------------------
+// In the dense form of step 8 the metric and overlap of every candidate pair are multiplied by the positive mask
+// (align' = align * pos), so a non-positive pair with a NaN or infinite metric, or a NaN overlap, gives NaN, and the
+// row maxima pa, po of step 8 become NaN; then n = align' * po / (pa + eps) is NaN for every anchor of the image and
+// so is every normalised metric (and every score: one-hot * NaN). A row is poisoned so when a candidate pair has a
+// NaN metric or overlap, or more of its candidate pairs have an infinite metric than of the pairs it finally owns.
+LUCID_HD bool row_poisoned(bool nan_seen, int64_t inf_candidates, int64_t inf_owned) {
+  return nan_seen || inf_candidates > inf_owned;
+}
+
 }  // namespace geom
 }  // namespace lucid

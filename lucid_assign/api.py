@@ -8,6 +8,7 @@ and supports their dtypes; otherwise the reference, saying once why). The enviro
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Sequence
@@ -66,8 +67,12 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
     if n_boxes > 0 and max(topk, topk2 or topk) > n_anchors:
         raise ValueError(f"topk ({topk}) and topk2 ({topk2}) must not exceed the number of anchors ({n_anchors})")
     stride = list(stride)
-    if not stride or any(not float(s) > 0 for s in stride):
+    if not stride or any(not (math.isfinite(float(s)) and float(s) > 0) for s in stride):
         raise ValueError(f"stride must be a non-empty list of positive numbers, got {stride}")
+    if gt_labels.is_complex() or gt_labels.dtype == torch.bool:
+        raise TypeError(f"gt_labels must hold class ids (float or integer), got {gt_labels.dtype}")
+    if pd_scores.device.type == "cpu":  # values can be read without a device synchronisation
+        reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
 
 
 def assign(

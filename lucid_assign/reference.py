@@ -222,6 +222,21 @@ def _empty_result(pd_scores, pd_bboxes, gt_bboxes, num_classes):
     )
 
 
+def check_labels(gt_labels: torch.Tensor, valid: torch.Tensor, num_classes: int) -> None:
+    """Labels of real objects must lie in [0, num_classes). On the CPU a ValueError; on other devices an assertion
+    on the device (torch._assert_async), which needs no host synchronisation and, when it fails, surfaces as a
+    device-side assert error at the next synchronisation (the CUDA context is then unusable)."""
+    labels = gt_labels.reshape(valid.shape)
+    bad = valid & ((labels < 0) | (labels >= num_classes) | labels.isnan() if labels.is_floating_point()
+                   else (labels < 0) | (labels >= num_classes))
+    if labels.device.type == "cpu":
+        if bad.any():
+            raise ValueError(f"gt_labels: real objects (mask_gt != 0) must have labels in [0, {num_classes}); found "
+                             f"{labels[bad][:5].tolist()} (first five)")
+    else:
+        torch._assert_async(~bad.any(), "gt_labels: a real object has a label outside [0, num_classes)")
+
+
 @torch.no_grad()
 def assign(
     pd_scores: torch.Tensor,
@@ -248,6 +263,7 @@ def assign(
     if n_boxes == 0:
         return _empty_result(pd_scores, pd_bboxes, gt_bboxes, num_classes)
     valid = mask_gt.reshape(gt_bboxes.shape[:2]).bool()[..., None]  # (B, M, 1)
+    check_labels(gt_labels, valid, num_classes)
 
     # Steps 1-3: candidates, metrics, top-k.
     inside = points_in_boxes(anc_points, gt_bboxes, mask_gt, stride_value(stride))

@@ -8,7 +8,7 @@ OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
 export OUT
 # build + CUDA-marked tests (stop at the first failure: device time is short)
-bash scripts/gpu_check.sh tests/test_cuda.py tests/test_cuda_rows.py tests/test_assign_ops.py -x -k "cuda" || exit 1
+bash scripts/gpu_check.sh tests/test_cuda.py tests/test_cuda_rows.py tests/test_hardening.py tests/test_assign_ops.py -x -k "cuda" || exit 1
 grep -q " passed" "$OUT/pytest.log" && ! grep -q " failed" "$OUT/pytest.log" || exit 1
 export PYTHONPATH=/tmp/site LUCID_REQUIRE_EXT=1 LUCID_REQUIRE_PEER=1 PYTHONUNBUFFERED=1
 SANITIZE_FILES="${SANITIZE_FILES:-tests/test_cuda.py}"  # what compute-sanitizer runs: files, and a -k expression

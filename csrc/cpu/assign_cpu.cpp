@@ -44,6 +44,7 @@ struct Entry {
   T align;
   T overlap;
   int64_t anchor;
+  bool kept = true;  // false: takes part in a selection without being kept (second top-k, non-finite metrics)
 };
 
 // Keeps the k best entries (by ranks_before) seen so far; the worst one sits at the heap's top.
@@ -152,8 +153,12 @@ template <typename S, typename T>
 void run_assign(AssignCpu<S, T>& P, int64_t* out_labels, T* out_boxes, T* out_scores, bool* out_fg, int64_t* out_idx) {
   const int64_t B = P.B, A = P.A, M = P.M, K = P.K, C = P.C, D = P.D;
 
-  // ---- pass 1: claims, B*M*K
+  // ---- pass 1: claims, B*M*K; and per row, what step 8 and the second top-k need to know about non-finite
+  // metrics (geometry.h, step 8 with non-finite metrics): whether a candidate pair has a NaN metric or overlap, and how many have an infinite
+  // metric
   std::vector<int64_t> claim_n(B * M, 0);
+  std::vector<uint8_t> nan_seen(B * M, 0);
+  std::vector<int64_t> inf_cand(B * M, 0);
   std::vector<Entry<T>> claims(B * M * K);
   constexpr int64_t kChunk = 256;  // candidate pairs evaluated per batch
   at::parallel_for(0, B * M, 1, [&](int64_t begin, int64_t end) {
@@ -168,7 +173,12 @@ void run_assign(AssignCpu<S, T>& P, int64_t* out_labels, T* out_boxes, T* out_sc
       int64_t n = 0;
       auto flush = [&] {
         batch.run(gi.data(), pi.data(), n, ov.data());
-        for (int64_t k = 0; k < n; ++k) top.offer({P.align(row, pi[k], ov[k]), ov[k], pi[k] - b * A});
+        for (int64_t k = 0; k < n; ++k) {
+          const Entry<T> e{P.align(row, pi[k], ov[k]), ov[k], pi[k] - b * A};
+          nan_seen[row] |= geom::isnan_(e.align) || geom::isnan_(e.overlap);
+          inf_cand[row] += std::isinf(e.align);
+          top.offer(e);
+        }
         n = 0;
       };
       for (int64_t a = 0; a < A; ++a) {
@@ -257,13 +267,38 @@ void run_assign(AssignCpu<S, T>& P, int64_t* out_labels, T* out_boxes, T* out_sc
         }
         for (int64_t m = 0; m < M; ++m) {
           if (start[m + 1] == start[m]) continue;
+          const int64_t row = b * M + m;
           RowTopK<T> top(P.K2);
-          for (int64_t j = start[m]; j < start[m + 1]; ++j) {
-            const int64_t a = by_row[j];
-            top.offer({own_align[b * A + a], own_ov[b * A + a], a});
+          if (nan_seen[row] || inf_cand[row]) {
+            // the row's other candidates whose metric is not finite rank as NaN (align * 0): they take places in
+            // the selection without being kept
+            std::vector<Entry<T>> extra;
+            auto batch = P.overlap_batch();
+            for (int64_t a = 0; a < A; ++a) {
+              if (owner[b * A + a] == m || !P.candidate(row, a)) continue;
+              const int64_t pred = b * A + a;
+              T o;
+              batch.run(&row, &pred, 1, &o);
+              const T al = P.align(row, pred, o);
+              if (!std::isfinite(al)) extra.push_back({std::numeric_limits<T>::quiet_NaN(), o, a, /*kept=*/false});
+            }
+            auto it = extra.begin();
+            for (int64_t j = start[m]; j < start[m + 1]; ++j) {
+              const int64_t a = by_row[j];
+              for (; it != extra.end() && it->anchor < a; ++it) top.offer(*it);
+              top.offer({own_align[b * A + a], own_ov[b * A + a], a});
+            }
+            for (; it != extra.end(); ++it) top.offer(*it);
+          } else {
+            for (int64_t j = start[m]; j < start[m + 1]; ++j) {
+              const int64_t a = by_row[j];
+              top.offer({own_align[b * A + a], own_ov[b * A + a], a});
+            }
           }
           for (int64_t j = start[m]; j < start[m + 1]; ++j) owner[b * A + by_row[j]] = -2;  // provisional drop
-          top.chosen(A, [&](const Entry<T>& e) { owner[b * A + e.anchor] = m; });
+          top.chosen(A, [&](const Entry<T>& e) {
+            if (e.kept) owner[b * A + e.anchor] = m;
+          });
         }
         for (int64_t a = 0; a < A; ++a) {
           if (owner[b * A + a] == -2) owner[b * A + a] = -1;
@@ -272,12 +307,22 @@ void run_assign(AssignCpu<S, T>& P, int64_t* out_labels, T* out_boxes, T* out_sc
     });
   }
 
-  // ---- pass 5: per-row maxima over the final owners (the row's other anchors contribute 0)
+  // ---- pass 5: per-row maxima over the final owners (the row's other anchors contribute 0); an image is
+  // poisoned (every normalised metric NaN) when a row's maximum would be NaN in the dense form
   std::vector<T> best_align(B * M), best_ov(B * M);
+  std::vector<uint8_t> poisoned(B, 0);
   at::parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<int64_t> inf_owned(M);
     for (int64_t b = b0; b < b1; ++b) {
+      std::fill(inf_owned.begin(), inf_owned.end(), 0);
       for (int64_t a = 0; a < A; ++a) {
-        if (owner[b * A + a] >= 0) ++owned_count[b * M + owner[b * A + a]];
+        if (owner[b * A + a] >= 0) {
+          ++owned_count[b * M + owner[b * A + a]];
+          inf_owned[owner[b * A + a]] += std::isinf(own_align[b * A + a]);
+        }
+      }
+      for (int64_t m = 0; m < M; ++m) {
+        poisoned[b] |= geom::row_poisoned(nan_seen[b * M + m], inf_cand[b * M + m], inf_owned[m]);
       }
       for (int64_t m = 0; m < M; ++m) {
         const bool has_zero = owned_count[b * M + m] < A;
@@ -306,12 +351,19 @@ void run_assign(AssignCpu<S, T>& P, int64_t* out_labels, T* out_boxes, T* out_sc
       out_idx[i] = idx;
       out_labels[i] = label;
       for (int64_t d = 0; d < D; ++d) out_boxes[i * D + d] = P.gt[row * D + d];
-      if (fg) {
+      T norm = T(0);
+      if (poisoned[b]) {
+        norm = std::numeric_limits<T>::quiet_NaN();
+      } else if (fg) {
         // the owner's normalised metric; every other row contributes 0 to the maximum over rows
-        T norm = geom::div(geom::mul(own_align[i], best_ov[row]), geom::add(best_align[row], P.eps));
+        norm = geom::div(geom::mul(own_align[i], best_ov[row]), geom::add(best_align[row], P.eps));
         if (M > 1) norm = geom::max_(norm, T(0));
-        out_scores[i * C + label] = norm;
       }
+      // scores = one-hot * norm: 0 * norm off the label (NaN when norm is not finite)
+      if (!std::isfinite(norm)) {
+        for (int64_t c = 0; c < C; ++c) out_scores[i * C + c] = geom::mul(T(0), norm);
+      }
+      if (fg) out_scores[i * C + label] = norm;
     }
   });
 }

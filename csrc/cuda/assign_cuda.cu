@@ -79,6 +79,20 @@ struct Entry {
   uint32_t key;
 };
 
+// Per row, what step 8 and the second top-k need to know about non-finite metrics (geometry.h, "step 8 with
+// non-finite metrics"): whether a candidate pair has a NaN metric or overlap, and how many have an infinite metric.
+// Each candidate pair is noted exactly once, by the pass-1 kernel that computes its entry for the list.
+struct RowNotes {
+  int32_t* nan_seen;  // (B*M) 0 or 1
+  int32_t* inf_cand;  // (B*M)
+  template <typename T>
+  __device__ void note(int64_t row, T align, T overlap) const {
+    if (align != align || overlap != overlap) nan_seen[row] = 1;
+    if (isinf(align)) atomicAdd(&inf_cand[row], 1);
+  }
+  __device__ bool flagged(int64_t row) const { return nan_seen[row] || inf_cand[row]; }
+};
+
 template <typename T>
 struct Prep {
   // per object row: region + values of the overlap; per prediction: values of the overlap
@@ -222,17 +236,27 @@ struct RecomputeSource {
   }
 };
 
-// Source over the anchors a row owns (second top-k).
-template <typename T>
+// Source over the anchors a row owns (second top-k). With `P` (a row with non-finite metrics), the row's other candidates whose metric is not finite take part too, as
+// NaN (align * 0 in the dense form): they take places in the selection without being kept.
+template <typename S, typename T>
 struct OwnedSource {
   const int64_t* owner;  // (A) of this image
   const T* own_align;
   const T* own_ov;
   int64_t m, A;
+  const Problem<S, T>* P;  // null unless the row has non-finite metrics
+  int64_t row, b;
   __device__ int64_t size() const { return A; }
   __device__ bool get(int64_t a, Entry<T>& e) const {
-    if (owner[a] != m) return false;
-    e = {own_align[a], own_ov[a], static_cast<int32_t>(a), order_key(own_align[a])};
+    if (owner[a] == m) {
+      e = {own_align[a], own_ov[a], static_cast<int32_t>(a), order_key(own_align[a])};
+      return true;
+    }
+    if (P == nullptr || !P->candidate(row, a)) return false;
+    const Entry<T> full = P->entry(row, b, a);
+    if (isfinite(full.align)) return false;
+    const T nan = __int_as_float(0x7fc00000);
+    e = {nan, full.overlap, static_cast<int32_t>(a), order_key(nan)};
     return true;
   }
 };
@@ -503,9 +527,9 @@ __device__ bool row_cells(const Problem<S, T>& P, const CellIndex& cells, int64_
 constexpr int kTinyWarps = kThreads / 32;
 
 template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, CellIndex cells, int32_t* claim_n,
-                                                               int32_t* claim_anchor, T* claim_align, T* claim_ov,
-                                                               int32_t* medium_rows, int32_t* medium_n) {
+__global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
+                                                               int32_t* claim_n, int32_t* claim_anchor, T* claim_align,
+                                                               T* claim_ov, int32_t* medium_rows, int32_t* medium_n) {
   __shared__ int32_t found[kTinyWarps][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kTinyWarps + warp;
@@ -514,6 +538,9 @@ __global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, Ce
     if (lane == 0) claim_n[row] = 0;
     return;
   }
+  // every real row passes here: the device-side check of its label (no host synchronisation)
+  CUDA_KERNEL_ASSERT(P.labels[row] >= 0 && P.labels[row] < P.C &&
+                     "gt_labels: a real object (mask_gt != 0) has a label outside [0, num_classes)");
   const int64_t b = row / P.M;
   int cx0, cy0, cx1, cy1;
   int n = 0;  // candidates found (same in all lanes)
@@ -540,7 +567,10 @@ __global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, Ce
   // the zero key, decides whether it is among the K chosen
   const bool has = lane < n;
   Entry<T> e{};
-  if (has) e = P.entry(row, b, found[warp][lane]);
+  if (has) {
+    e = P.entry(row, b, found[warp][lane]);
+    notes.note(row, e.align, e.overlap);
+  }
   const uint32_t key = has ? e.key : 0u;
   const int64_t anchor = has ? e.anchor : 0;
   const int n_pos = __popc(__ballot_sync(0xffffffffu, has && key > kZeroKey));
@@ -572,7 +602,7 @@ __global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, Ce
 }
 
 template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, CellIndex cells,
+__global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
                                                                      const int32_t* medium_rows,
                                                                      const int32_t* medium_n, int32_t* claim_n,
                                                                      int32_t* claim_anchor, T* claim_align,
@@ -615,7 +645,10 @@ __global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T>
         continue;
       }
       sort_indices(sh, count);
-      for (int i = threadIdx.x; i < count; i += blockDim.x) sh.list[i] = P.entry(row, b, sh.idx[i]);
+      for (int i = threadIdx.x; i < count; i += blockDim.x) {
+        sh.list[i] = P.entry(row, b, sh.idx[i]);
+        notes.note(row, sh.list[i].align, sh.list[i].overlap);
+      }
       __syncthreads();
     } else {
       // no usable cell range (a non-finite box or anchors): scan every anchor in order, compacting into the list
@@ -626,7 +659,11 @@ __global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T>
         int offset, total;
         BlockScan(scan_tmp).ExclusiveSum(inside, offset, total);
         __syncthreads();
-        if (inside && count + offset < kListCap) sh.list[count + offset] = P.entry(row, b, a);
+        if (inside) {
+          const Entry<T> e = P.entry(row, b, a);
+          notes.note(row, e.align, e.overlap);
+          if (count + offset < kListCap) sh.list[count + offset] = e;
+        }
         count += total;
       }
       if (threadIdx.x == 0) sh.n = count < kListCap ? count : kListCap;
@@ -680,7 +717,8 @@ struct KeySource {  // the compacted (key, anchor) list of a big row, in anchor 
 inline int64_t big_row_smem(int64_t A, int64_t cap) { return ((A + 31) / 32) * 4 + cap * 8; }
 
 template <typename S, typename T>
-__global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> P, CellIndex cells, const int32_t* big_rows,
+__global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
+                                                                    const int32_t* big_rows,
                                                                  const int32_t* big_n, int64_t cap, int32_t* claim_n,
                                                                  int32_t* claim_anchor, T* claim_align, T* claim_ov) {
   extern __shared__ __align__(16) unsigned char dyn[];
@@ -746,7 +784,11 @@ __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> 
         }
       }
       __syncthreads();
-      for (int64_t i = threadIdx.x; i < count; i += blockDim.x) keys[i] = P.entry(row, b, anchors[i]).key;
+      for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
+        const Entry<T> e = P.entry(row, b, anchors[i]);
+        notes.note(row, e.align, e.overlap);
+        keys[i] = e.key;
+      }
       __syncthreads();
       radix_select(
           [&](auto f) {
@@ -759,6 +801,17 @@ __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> 
       KeySource<S, T> src{keys, anchors, count};
       take_in_order<kBigThreads, T>(src, sh.prefix, sh.k_rem, scan_tmp, take);
     } else {
+      // note every candidate once (a walk over the cells), then the in-order walk over all anchors
+      for (int cy = cy0 + warp; cy <= cy1; cy += warps) {
+        const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
+        for (int j = begin + lane; j < end; j += 32) {
+          const int32_t a = cells.sorted[j];
+          if (P.contains(row, a)) {
+            const Entry<T> e = P.entry(row, b, a);
+            notes.note(row, e.align, e.overlap);
+          }
+        }
+      }
       RecomputeSource<S, T> src{&P, row, b};
       select_row<kBigThreads, T>(src, count, P.A, k, sh, scan_tmp, [&](const Entry<T>& e, int slot) {
         out_anchor[slot] = e.anchor;
@@ -860,15 +913,17 @@ __global__ void resolve_conflicts_kernel(Problem<S, T> P, const int64_t* conflic
 }
 
 // ---- pass 4 ----------------------------------------------------------------------------------------------------
-template <typename T>
-__global__ void __launch_bounds__(kThreads) second_topk_kernel(int64_t* owner, const T* own_align, const T* own_ov,
-                                                                 int64_t M, int64_t A, int k2, int32_t* keep) {
+template <typename S, typename T>
+__global__ void __launch_bounds__(kThreads) second_topk_kernel(Problem<S, T> P, RowNotes notes, int64_t* owner,
+                                                                 const T* own_align, const T* own_ov, int k2,
+                                                                 int32_t* keep) {
+  const int64_t M = P.M, A = P.A;
   const int64_t row = blockIdx.x;
   const int64_t b = row / M, m = row % M;
   __shared__ SharedRow<T> sh;
   __shared__ typename BlockScan::TempStorage scan_tmp;
   __shared__ typename BlockReduce::TempStorage reduce_tmp;
-  __shared__ int n_owned;
+  __shared__ int n_owned, n_explicit;
   const int64_t* own = owner + b * A;
   int local = 0;
   for (int64_t a = threadIdx.x; a < A; a += blockDim.x) local += own[a] == m;
@@ -876,10 +931,26 @@ __global__ void __launch_bounds__(kThreads) second_topk_kernel(int64_t* owner, c
   if (threadIdx.x == 0) n_owned = total;
   __syncthreads();
   if (n_owned == 0) return;
-  OwnedSource<T> src{own, own_align + b * A, own_ov + b * A, m, A};
-  // survivors are flagged in `keep`; the owner array is updated by a later kernel so no block reads a changed value
-  select_row<kThreads, T>(src, n_owned, A, k2, sh, scan_tmp,
-                          [&](const Entry<T>& e, int) { keep[b * A + e.anchor] = 1; });
+  const bool flagged = notes.flagged(row);
+  OwnedSource<S, T> src{own, own_align + b * A, own_ov + b * A, m, A, flagged ? &P : nullptr, row, b};
+  if (flagged) {  // count the explicit entries again, with the non-finite ones
+    int mine = 0;
+    for (int64_t a = threadIdx.x; a < A; a += blockDim.x) {
+      Entry<T> e;
+      mine += src.get(a, e);
+    }
+    __syncthreads();
+    const int all = BlockReduce(reduce_tmp).Sum(mine);
+    if (threadIdx.x == 0) n_explicit = all;
+  } else if (threadIdx.x == 0) {
+    n_explicit = n_owned;
+  }
+  __syncthreads();
+  // survivors are flagged in `keep` (only anchors the row owns); the owner array is updated by a later kernel so
+  // no block reads a changed value
+  select_row<kThreads, T>(src, n_explicit, A, k2, sh, scan_tmp, [&](const Entry<T>& e, int) {
+    if (own[e.anchor] == m) keep[b * A + e.anchor] = 1;
+  });
 }
 
 __global__ void apply_keep_kernel(int64_t* owner, const int32_t* keep, int64_t n) {
@@ -890,7 +961,8 @@ __global__ void apply_keep_kernel(int64_t* owner, const int32_t* keep, int64_t n
 // ---- pass 5 ----------------------------------------------------------------------------------------------------
 template <typename T>
 __global__ void row_maxima_kernel(const int64_t* owner, const T* own_align, const T* own_ov, int64_t B, int64_t M,
-                                  int64_t A, uint32_t* best_align, uint32_t* best_ov, int32_t* owned) {
+                                  int64_t A, uint32_t* best_align, uint32_t* best_ov, int32_t* owned,
+                                  int32_t* inf_owned) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= B * A) return;
   const int64_t m = owner[i];
@@ -899,14 +971,22 @@ __global__ void row_maxima_kernel(const int64_t* owner, const T* own_align, cons
   atomicMax(&best_align[row], order_key(own_align[i]));
   atomicMax(&best_ov[row], order_key(own_ov[i]));
   atomicAdd(&owned[row], 1);
+  if (isinf(own_align[i])) atomicAdd(&inf_owned[row], 1);
+}
+
+// Per row: poisoned rows (geometry.h) make every normalised metric of their image NaN.
+__global__ void poison_kernel(RowNotes notes, const int32_t* inf_owned, int64_t n_rows, int64_t M, int32_t* poisoned) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= n_rows) return;
+  if (geom::row_poisoned(notes.nan_seen[row] != 0, notes.inf_cand[row], inf_owned[row])) poisoned[row / M] = 1;
 }
 
 // ---- pass 6 ----------------------------------------------------------------------------------------------------
 template <typename T>
 __global__ void targets_kernel(const int64_t* owner, const T* own_align, const uint32_t* best_align,
                                const uint32_t* best_ov, const int32_t* owned, const int64_t* labels, const T* gt,
-                               int64_t B, int64_t M, int64_t A, int D, T eps, int64_t* out_labels, T* out_boxes,
-                               bool* out_fg, int64_t* out_idx, T* norm_out) {
+                               const int32_t* poisoned, int64_t B, int64_t M, int64_t A, int D, T eps,
+                               int64_t* out_labels, T* out_boxes, bool* out_fg, int64_t* out_idx, T* norm_out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= B * A) return;
   const int64_t b = i / A;
@@ -920,7 +1000,9 @@ __global__ void targets_kernel(const int64_t* owner, const T* own_align, const u
   out_labels[i] = label < 0 ? 0 : label;
   for (int d = 0; d < D; ++d) out_boxes[i * D + d] = gt[row * D + d];
   T norm = T(0);
-  if (fg) {
+  if (poisoned[b]) {
+    norm = __int_as_float(0x7fc00000);
+  } else if (fg) {
     // maxima over the row: the owned anchors, and 0 from the others when the row does not own all A
     const bool has_zero = owned[row] < A;
     T pa = static_cast<T>(key_to_float(best_align[row]));
@@ -941,7 +1023,8 @@ __global__ void scores_kernel(const bool* fg, const int64_t* labels, const T* no
   for (I j = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; j < total;
        j += static_cast<I>(gridDim.x) * blockDim.x) {
     const I i = j / C, c = j % C;
-    scores[j] = (fg[i] && labels[i] == c) ? norm[i] : T(0);
+    // one-hot * norm: off the label 0 * norm, which is NaN when norm is not finite
+    scores[j] = (fg[i] && labels[i] == c) ? norm[i] : geom::mul(T(0), norm[i]);
   }
 }
 
@@ -979,6 +1062,10 @@ struct Workspace {
   uint32_t* best_align;          // per-row maxima keys (B*M); 0 ranks below every number
   uint32_t* best_ov;
   int32_t* owned;
+  int32_t* nan_seen;   // per row (RowNotes)
+  int32_t* inf_cand;
+  int32_t* inf_owned;  // per row: owned anchors with an infinite metric
+  int32_t* poisoned;   // per image
   int64_t zero_bytes;
   // written before being read
   uint8_t* regions;
@@ -1012,6 +1099,10 @@ struct Workspace {
     best_align = L.take<uint32_t>(B * M);
     best_ov = L.take<uint32_t>(B * M);
     owned = L.take<int32_t>(B * M);
+    nan_seen = L.take<int32_t>(B * M);
+    inf_cand = L.take<int32_t>(B * M);
+    inf_owned = L.take<int32_t>(B * M);
+    poisoned = L.take<int32_t>(B);
     zero_bytes = L.size();
     regions = L.take<uint8_t>(B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
                                                                  : sizeof(geom::ObbRegion<T>)));
@@ -1162,6 +1253,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
                                                                       w.cell_sorted);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const CellIndex cells{w.bounds, w.cell_offsets, w.cell_sorted};
+    const RowNotes notes{w.nan_seen, w.inf_cand};
 
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
       using S = scalar_t;
@@ -1172,7 +1264,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       const auto* props = at::cuda::getCurrentDeviceProperties();
       tiny_rows_kernel<S, T><<<blocks_for(B * M, kTinyWarps), kThreads, 0, stream>>>(
-          P, cells, w.claim_n, w.claim_anchor, w.claim_align,
+          P, cells, notes, w.claim_n, w.claim_anchor, w.claim_align,
           w.claim_ov, w.medium_rows, w.medium_n);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       {
@@ -1180,7 +1272,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
         auto kernel = candidates_topk_kernel<S, T>;
         const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kThreads, 0));
         kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-            P, cells, w.medium_rows, w.medium_n, w.claim_n,
+            P, cells, notes, w.medium_rows, w.medium_n, w.claim_n,
             w.claim_anchor, w.claim_align, w.claim_ov,
             w.big_rows, w.big_n);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -1197,7 +1289,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
         raise_smem_limit(kernel, smem);
         const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kBigThreads, smem));
         kernel<<<static_cast<unsigned>(grid), kBigThreads, smem, stream>>>(
-            P, cells, w.big_rows, w.big_n, cap, w.claim_n,
+            P, cells, notes, w.big_rows, w.big_n, cap, w.claim_n,
             w.claim_anchor, w.claim_align, w.claim_ov);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
@@ -1220,25 +1312,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
             w.own_align, w.own_ov);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
+      if (topk2 != topk) {
+        second_topk_kernel<S, T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
+            P, notes, w.owner, w.own_align, w.own_ov, static_cast<int>(topk2), w.keep);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        apply_keep_kernel<<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner, w.keep, B * A);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
     });
-    if (topk2 != topk) {
-      second_topk_kernel<T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
-          w.owner, w.own_align, w.own_ov, M, A, static_cast<int>(topk2),
-          w.keep);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      apply_keep_kernel<<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner,
-                                                                      w.keep, B * A);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    row_maxima_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-        w.owner, w.own_align, w.own_ov, B, M, A,
-        w.best_align,
-        w.best_ov, w.owned);
+    row_maxima_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner, w.own_align, w.own_ov, B, M, A,
+                                                                      w.best_align, w.best_ov, w.owned, w.inf_owned);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    poison_kernel<<<blocks_for(B * M), kThreads, 0, stream>>>(notes, w.inf_owned, B * M, M, w.poisoned);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     targets_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-        w.owner, w.own_align, w.best_align,
-        w.best_ov, w.owned,
-        labels.data_ptr<int64_t>(), gt.data_ptr<T>(), B, M, A, static_cast<int>(D), static_cast<T>(eps),
+        w.owner, w.own_align, w.best_align, w.best_ov, w.owned, labels.data_ptr<int64_t>(), gt.data_ptr<T>(),
+        w.poisoned, B, M, A, static_cast<int>(D), static_cast<T>(eps),
         target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(), fg_mask.data_ptr<bool>(),
         target_gt_idx.data_ptr<int64_t>(), w.norm);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
