@@ -126,3 +126,10 @@ def test_many_small_rows_graph_replay(library):
         want = reference.assign(*case, stride=STRIDES, num_classes=5, topk=10)
         for a, b in zip(captured, want):
             assert torch.equal(a, b)
+
+
+def test_alternating_anchor_counts(library):
+    """The big-row kernel's shared-memory limit follows the largest anchor count seen; a call with fewer anchors in
+    between must not lower it under the next large call (seen as 'invalid argument' before the fix)."""
+    for img in (1024, 64, 1024, 128, 1280, 1024):
+        check(scene(img, [[img * 3, 20, 5]], True, seed=img))

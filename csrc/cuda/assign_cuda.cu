@@ -1165,10 +1165,16 @@ int64_t static_smem(Kernel kernel) {
 
 template <typename Kernel>
 void raise_smem_limit(Kernel kernel, int64_t smem) {
-  kernel_facts().get(kernel, -2, smem, [&] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    return int64_t{0};
-  });
+  // the limit only ever goes up: a call with less dynamic shared memory must not lower it under a later call
+  auto& facts = kernel_facts();
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), device, -2, int64_t{0});
+  std::lock_guard<std::mutex> lock(facts.mu);
+  auto it = facts.values.find(key);
+  if (it != facts.values.end() && it->second >= smem) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  facts.values[key] = smem;
 }
 
 template <typename Kernel>
