@@ -15,7 +15,7 @@ SANITIZE_FILES="${SANITIZE_FILES:-tests/test_cuda.py}"  # what compute-sanitizer
 SANITIZE_K="${SANITIZE_K:-sanitize}"
 for tool in memcheck racecheck initcheck; do
   # shellcheck disable=SC2086
-  timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest $SANITIZE_FILES -k "$SANITIZE_K" -q \
+  timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 9 python3 -m pytest $SANITIZE_FILES -k "$SANITIZE_K" -q \
     -p no:cacheprovider >"$OUT/sanitizer_$tool.log" 2>&1
   echo "compute-sanitizer $tool: exit $? | $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
   grep -m 5 -E "Error|Race|hazard|at .*assign_cuda" "$OUT/sanitizer_$tool.log" | cut -c1-200
