@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from lucid_assign import RotatedTaskAlignedAssigner, TaskAlignedAssigner, api, reference
 
 from cases import STRIDES, make_problem
+from conftest import devices
 
 NAMES = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
 
@@ -224,10 +225,11 @@ def test_nan_metric_makes_the_image_scores_nan(library):
         assert out[3][0].any()
 
 
-def test_many_objects_per_image(library):
+@pytest.mark.parametrize("device", devices())
+def test_many_objects_per_image(library, device):
     """5,000 objects per image (small image, so the dense reference fits)."""
-    inputs = make_problem(7, True, batch=1, n_boxes=5000, pad_rows=100, img_size=64)
-    assert_backends_agree(inputs, "cpu", dict(num_classes=7, topk=10, stride=STRIDES), exact=False)
+    inputs = [t.to(device) for t in make_problem(7, True, batch=1, n_boxes=5000, pad_rows=100, img_size=64)]
+    assert_backends_agree(inputs, device, dict(num_classes=7, topk=10, stride=STRIDES), exact=device == "cuda")
 
 
 # ---------------------------------------------------------------------------------------------------------------
