@@ -1,0 +1,57 @@
+"""Calls of the compiled assign alone (no reference, so no torch.topk), for compute-sanitizer: PyTorch's own
+torch.topk, which the reference calls, reads memory it never wrote (initcheck reports it), and the reference's
+kernels make racecheck slow. Covers HBB and OBB, fp32 and bf16 scores, K2 != K, rows of every size (a warp, a block,
+the big-row kernel, the recompute walk at 1280 px, non-finite boxes) and every odd input of docs/odd-inputs.md.
+
+    compute-sanitizer --tool initcheck --error-exitcode 9 python3 scripts/sanitize_assign.py
+    compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_assign.py
+    python3 scripts/sanitize_assign.py --device cpu     # the same calls on the CPU kernel (a dry run)
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+from cases import make_problem  # noqa: E402
+from test_cuda_rows import MIXED, scene  # noqa: E402
+from test_hardening import _cases  # noqa: E402
+
+from lucid_assign import ops  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--no-odd", action="store_true", help="skip the odd-input cases")
+    dev = p.parse_args().device
+    calls = 0
+
+    def run(x, **kw):
+        nonlocal calls
+        ops.assign(*[t.to(dev) for t in x], stride_val=16.0, **kw)
+        calls += 1
+
+    for obb in (False, True):
+        for dtype in (torch.float32, torch.bfloat16):
+            run(make_problem(60, obb, batch=2, n_boxes=20, pad_rows=4, score_dtype=dtype), num_classes=7, topk=10,
+                topk2=4)
+        run(scene(1024, MIXED, obb, seed=1, device="cpu"), num_classes=5, topk=10)
+        run(scene(1280, [[3000, 50, 8]], obb, seed=4, device="cpu"), num_classes=5, topk=13, topk2=3)
+        run(scene(1024, MIXED, obb, seed=5, nan_row=(0, 2), far=True, device="cpu"), num_classes=5, topk=10, topk2=3)
+        if not p.parse_args().no_odd:
+            for inputs in _cases(obb).values():
+                if inputs[4].dtype != torch.float32 and dev == "cuda":
+                    continue  # float64: the CUDA kernel takes float32 boxes (the API runs the reference)
+                for k2 in (10, 3):
+                    run(inputs, num_classes=7, topk=10, topk2=k2, alpha=1.0)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    print(f"sanitize_assign: {calls} calls on {dev}: done")
+
+
+if __name__ == "__main__":
+    main()
