@@ -348,3 +348,16 @@ def test_property_cuda_equals_reference(library, case):
     for name, a, b in zip(NAMES, ref, cpu):
         if name != "target_scores":
             assert same_bits(a.cpu(), b), name
+
+
+def test_sanitizer_script_dry_run(library):
+    """scripts/sanitize_assign.py (what compute-sanitizer runs on the GPU) makes its calls on the CPU kernel."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, os.path.join(root, "scripts", "sanitize_assign.py"), "--device", "cpu"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "calls on cpu: done" in out.stdout
