@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     print(f"yolo26n-obb, {args.steps} steps, batch {args.batch} at {args.imgsz} px, {args.objects} objects/image, "
           f"bf16 autocast, {args.device}, torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")
-    batches = [ts.labels_batch(args.batch, args.imgsz, args.objects, 1000 + s, args.device) for s in range(args.batches)]
+    batches = [ts.labels_batch(args.batch, args.imgsz, args.objects, 1000 + s, args.device)
+               for s in range(args.batches)]
     first = train(args, batches, patched=False)
     runs = {"unpatched again": train(args, batches, patched=False), "patched": train(args, batches, patched=True)}
     print(f"run 1 (unpatched): assigners {first['kinds']}; final loss items {first['losses'][-1].tolist()}")

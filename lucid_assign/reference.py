@@ -227,8 +227,10 @@ def check_labels(gt_labels: torch.Tensor, valid: torch.Tensor, num_classes: int)
     on the device (torch._assert_async), which needs no host synchronisation and, when it fails, surfaces as a
     device-side assert error at the next synchronisation (the CUDA context is then unusable)."""
     labels = gt_labels.reshape(valid.shape)
-    bad = valid & ((labels < 0) | (labels >= num_classes) | labels.isnan() if labels.is_floating_point()
-                   else (labels < 0) | (labels >= num_classes))
+    bad = (labels < 0) | (labels >= num_classes)
+    if labels.is_floating_point():
+        bad |= labels.isnan()
+    bad &= valid
     if labels.device.type == "cpu":
         if bad.any():
             raise ValueError(f"gt_labels: real objects (mask_gt != 0) must have labels in [0, {num_classes}); found "
