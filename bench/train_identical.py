@@ -13,6 +13,7 @@ bit (NaN compared by its bits). Exit status 0 when the patched run matches and t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import warnings
@@ -26,6 +27,12 @@ import train_step as ts  # noqa: E402
 def bits(t: torch.Tensor) -> torch.Tensor:
     t = t.detach().contiguous()
     return t.view(torch.uint8) if t.is_floating_point() else t
+
+
+def flat(loss: torch.Tensor, items) -> torch.Tensor:
+    """The loss and its items (a tensor or a dict of them) as one flat CPU tensor."""
+    parts = list(items.values()) if isinstance(items, dict) else [items]
+    return torch.cat([loss.flatten().cpu()] + [torch.as_tensor(t).detach().flatten().cpu() for t in parts])
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -50,10 +57,11 @@ def train(args, batches, patched: bool) -> dict:
     from lucid_assign.integrations import ultralytics as integ
 
     init_seeds(0, deterministic=True)
-    with integ.patched(args.backend) if patched else ts._nothing(), warnings.catch_warnings(record=True) as caught:
+    with (integ.patched(args.backend) if patched else contextlib.nullcontext(),
+          warnings.catch_warnings(record=True) as caught):
         warnings.simplefilter("always")
         model, opt = ts.build(args.device)
-        losses = [ts.step(model, opt, batches[i % len(batches)], args.device).cpu() for i in range(args.steps)]
+        losses = [flat(*ts.step(model, opt, batches[i % len(batches)], args.device)) for i in range(args.steps)]
         kinds = sorted({type(p.assigner).__name__ for p in _parts(model)})
     notes = sorted({str(w.message).splitlines()[0][:160] for w in caught})
     return dict(losses=losses, model=flat_state(model.state_dict()), opt=flat_state(opt.state_dict()), kinds=kinds,

@@ -1,6 +1,6 @@
 """Training-step benchmark of the peer trainer's yolo26n-obb with and without lucid-assign, in one run.
 
-    python bench/train_step.py                               # GPU: batch 16 at 1024 px, bf16 autocast, 60 and 300 objects
+    python bench/train_step.py          # GPU: batch 16 at 1024 px, bf16 autocast, 60 and 300 objects
     python bench/train_step.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3 --warmup 1   # smoke test
 
 The model is built from its YAML (no weights). Each step is a forward pass under bf16 autocast, the loss (YOLO26's
@@ -12,6 +12,7 @@ synchronisation around each one), with and without ``lucid_assign.integrations.u
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -56,21 +57,20 @@ def build(device):
 
 def step(model, opt, batch, device):
     """One training step as the peer's trainer runs it: forward and loss under bf16 autocast, backward, SGD step.
-    Returns the loss and its items, detached, as one flat tensor."""
+    Returns the loss and its items as the loss returns them (flattened by the caller that wants them)."""
     with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
         preds = model(batch["img"])
         loss, items = model.loss(batch, preds)
     opt.zero_grad(set_to_none=True)
     loss.sum().backward()
     opt.step()
-    parts = list(items.values()) if isinstance(items, dict) else [items]
-    return torch.cat([loss.detach().flatten()] + [torch.as_tensor(t).detach().flatten().to(loss.device) for t in parts])
+    return loss.detach(), items
 
 
 def measure(args, objects: int, patched: bool) -> dict:
     device = args.device
     batches = [labels_batch(args.batch, args.imgsz, objects, seed, device) for seed in range(3)]
-    with integ.patched() if patched else _nothing():
+    with integ.patched() if patched else contextlib.nullcontext():
         model, opt = build(device)
         for i in range(args.warmup):
             step(model, opt, batches[i % 3], device)
@@ -99,14 +99,6 @@ def measure(args, objects: int, patched: bool) -> dict:
     med = statistics.median(times)
     return dict(objects=objects, patched=patched, step_s=med, assign_s=statistics.median(inside),
                 assigners=sorted({type(a).__name__ for a in originals}))
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 class _Timed:

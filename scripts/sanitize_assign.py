@@ -27,7 +27,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda")
     p.add_argument("--no-odd", action="store_true", help="skip the odd-input cases")
-    dev = p.parse_args().device
+    args = p.parse_args()
+    dev = args.device
     calls = 0
 
     def run(x, **kw):
@@ -42,7 +43,7 @@ def main():
         run(scene(1024, MIXED, obb, seed=1, device="cpu"), num_classes=5, topk=10)
         run(scene(1280, [[3000, 50, 8]], obb, seed=4, device="cpu"), num_classes=5, topk=13, topk2=3)
         run(scene(1024, MIXED, obb, seed=5, nan_row=(0, 2), far=True, device="cpu"), num_classes=5, topk=10, topk2=3)
-        if not p.parse_args().no_odd:
+        if not args.no_odd:
             for inputs in _cases(obb).values():
                 if inputs[4].dtype != torch.float32 and dev == "cuda":
                     continue  # float64: the CUDA kernel takes float32 boxes (the API runs the reference)

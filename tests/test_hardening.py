@@ -186,30 +186,27 @@ def assert_backends_agree(inputs, device, kw, exact):
     return ref
 
 
-@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
-def test_odd_inputs_same_on_every_backend_cpu(library, obb):
+def _odd_inputs_agree(obb, device):
     kw = dict(num_classes=7, topk=10, stride=STRIDES)
     for name, inputs in _cases(obb).items():
+        inputs = [t.to(device) for t in inputs]
         before = [t.clone() for t in inputs]
         for k2 in (None, 3):
             alpha = 1.0 if "alpha 1" in name else 0.5
-            assert_backends_agree(inputs, "cpu", dict(kw, topk2=k2, alpha=alpha), exact=False)
+            assert_backends_agree(inputs, device, dict(kw, topk2=k2, alpha=alpha), exact=device == "cuda")
         for t, b in zip(inputs, before):
             assert same_bits(t, b), f"{name}: an input was modified"
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+def test_odd_inputs_same_on_every_backend_cpu(library, obb):
+    _odd_inputs_agree(obb, "cpu")
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
 def test_odd_inputs_same_on_every_backend_cuda(library, obb):
-    kw = dict(num_classes=7, topk=10, stride=STRIDES)
-    for name, inputs in _cases(obb).items():
-        inputs = [t.cuda() for t in inputs]
-        before = [t.clone() for t in inputs]
-        for k2 in (None, 3):
-            alpha = 1.0 if "alpha 1" in name else 0.5
-            assert_backends_agree(inputs, "cuda", dict(kw, topk2=k2, alpha=alpha), exact=True)
-        for t, b in zip(inputs, before):
-            assert same_bits(t, b), f"{name}: an input was modified"
+    _odd_inputs_agree(obb, "cuda")
 
 
 def test_nan_metric_makes_the_image_scores_nan(library):
@@ -269,10 +266,8 @@ def batches(draw):
     if x[4].numel():
         if "nan_box" in odd:
             x[4][0, 0] = float("nan")
-        if "neg_size" in odd:
-            x[4][..., 2:4] *= -1 if obb else 1
-            if not obb:
-                x[4][..., 2:4] = x[4][..., :2] - 3
+        if "neg_size" in odd:  # OBB: negative w, h; HBB: x2 < x1, y2 < y1
+            x[4][..., 2:4] = -x[4][..., 2:4] if obb else x[4][..., :2] - 3
         if "huge" in odd:
             for i in (1, 2, 4):
                 x[i] = x[i] * 1e5
@@ -326,19 +321,21 @@ def check_invariants(inputs, kw, out):
         assert (per_row <= kw["topk2"]).all()
 
 
-@settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+@settings(max_examples=400, **PROPERTY)
 @given(batches())
 def test_property_cpu_backends_agree(library, case):
     inputs, kw = case
     before = [t.clone() for t in inputs]
-    ref = assert_backends_agree(inputs, "cpu", kw, exact=False)
-    check_invariants(inputs, kw, ref)
+    check_invariants(inputs, kw, assert_backends_agree(inputs, "cpu", kw, exact=False))
     for t, b in zip(inputs, before):
         assert same_bits(t, b)
 
 
 @pytest.mark.cuda
-@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, **PROPERTY)
 @given(batches())
 def test_property_cuda_equals_reference(library, case):
     inputs, kw = case
