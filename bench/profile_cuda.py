@@ -1,7 +1,8 @@
 """Where the time of the CUDA assign goes: the Python API call, the bare op, a CUDA-graph replay of the op (pure GPU
 time, no launch gaps), and the per-kernel GPU time from torch.profiler.
 
-    python bench/profile_cuda.py [--cases obb:16:200 obb:16:2000 hbb:16:100]
+    python bench/profile_cuda.py [--cases obb:16:200 obb:16:2000 hbb:16:100] [--topk2 1]
+    python bench/train_step.py --objects 60 300 --dump /tmp/calls && python bench/profile_cuda.py --inputs /tmp/calls-m60.pt
 """
 
 import argparse
@@ -30,11 +31,74 @@ def events(fn, reps=30):
     return statistics.median(out)
 
 
+def profile(label, x, kw, stride):
+    """Time one problem three ways (API call, bare op, graph replay) and list its kernels' GPU time."""
+    stride_val = api.reference.stride_value(stride)
+    x_op = list(x)
+    x_op[2] = api._anchors_for_kernel(x[2], x[4])  # what the API hands the op
+    t_api = events(lambda: api.assign(*x, backend="kernel", stride=stride, **kw))
+    t_op = events(lambda: ops.assign(*x_op, stride_val=stride_val, **kw))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        ops.assign(*x_op, stride_val=stride_val, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ops.assign(*x_op, stride_val=stride_val, **kw)
+    t_graph = events(g.replay)
+    print(f"\n== {label}: api {t_api:.1f} us | op {t_op:.1f} us | graph replay {t_graph:.1f} us")
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(5):
+            api.assign(*x, backend="kernel", stride=stride, **kw)
+        torch.cuda.synchronize()
+    stats = prof.key_averages()
+    print("  GPU time per call:")
+    kernels = [r for r in stats if str(r.device_type).endswith("CUDA")]
+    for r in sorted(kernels, key=lambda r: -r.device_time_total)[:14]:
+        print(f"  {r.device_time_total / 5:9.1f} us  x{r.count // 5:<3} {r.key[:90]}")
+    print("  host time per call (self CPU):")
+    for r in sorted(stats, key=lambda r: -r.self_cpu_time_total)[:12]:
+        print(f"  {r.self_cpu_time_total / 5:9.1f} us  x{r.count // 5:<3} {r.key[:90]}")
+
+
+def census(x, kw, stride):
+    """Rows by path of the CUDA top-k: candidates per real row (<= 32: warp, <= 2,048: block, more: big rows) and
+    rows with fewer positive metrics than K (their zero-key picks reach outside the candidates)."""
+    scores, pd_boxes, anchors, labels, gt_boxes, mask = x
+    anchors = api._anchors_for_kernel(anchors, gt_boxes)
+    cand = ops.points_in_boxes(anchors, gt_boxes, mask, api.reference.stride_value(stride))
+    real = mask.reshape(cand.shape[:2]).bool()
+    cand &= real[..., None]
+    metric, _ = ops.box_metrics(scores.float(), pd_boxes, labels, gt_boxes, cand, kw["alpha"], kw["beta"])
+    n = cand.sum(-1)[real]
+    npos = ((metric > 0) & cand).sum(-1)[real]
+    print(f"  rows {n.numel()}: candidates <= 32: {(n <= 32).sum().item()}, 33-2048: "
+          f"{((n > 32) & (n <= 2048)).sum().item()}, > 2048: {(n > 2048).sum().item()}; mean {n.float().mean():.0f}, "
+          f"max {n.max().item()}; fewer positive metrics than K: {(npos < kw['topk']).sum().item()}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--cases", nargs="+", default=["obb:16:10", "obb:16:200", "obb:16:2000", "hbb:16:100"])
     p.add_argument("--topk2", type=int, default=None)
+    p.add_argument("--inputs", nargs="+", default=[],
+                   help="files of recorded assigner calls (bench/train_step.py --dump) to profile instead of --cases")
     args = p.parse_args()
+    if args.inputs:
+        for path in args.inputs:
+            for i, call in enumerate(torch.load(path)):
+                x, st = call["args"], call["settings"]
+                kw = dict(topk=st["topk"], topk2=st["topk2"], num_classes=st["num_classes"], alpha=st["alpha"],
+                          beta=st["beta"], eps=st["eps"])
+                desc = ", ".join(f"{tuple(t.shape)} {str(t.dtype)[6:]}" for t in x)
+                amp = call.get("autocast", False)
+                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                    profile(f"{path} call {i} (topk {kw['topk']}, topk2 {kw['topk2']}, autocast {amp}; {desc})",
+                            x, kw, st["stride"])
+                census(x, kw, st["stride"])
+        return
     for case in args.cases:
         kind, batch, objects = case.split(":")
         batch, objects = int(batch), int(objects)
@@ -42,26 +106,8 @@ def main():
         x = [b[k] for k in B.INPUTS]
         C = B.KINDS[kind]["num_classes"]
         kw = dict(topk=B.TOPK, topk2=args.topk2, num_classes=C, alpha=0.5, beta=6.0)
-        t_api = events(lambda: api.assign(*x, backend="kernel", stride=(8, 16, 32), **kw))
-        t_op = events(lambda: ops.assign(*x, stride_val=16.0, **kw))
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            ops.assign(*x, stride_val=16.0, **kw)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            ops.assign(*x, stride_val=16.0, **kw)
-        t_graph = events(g.replay)
-        print(f"\n== {kind} b{batch} m{objects} topk2={args.topk2}: api {t_api:.1f} us | op {t_op:.1f} us | "
-              f"graph replay {t_graph:.1f} us")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                ops.assign(*x, stride_val=16.0, **kw)
-            torch.cuda.synchronize()
-        rows = sorted(prof.key_averages(), key=lambda r: -r.device_time_total)[:12]
-        for r in rows:
-            print(f"  {r.device_time_total / 5:9.1f} us/call  x{r.count // 5:<3} {r.key[:90]}")
+        profile(f"{kind} b{batch} m{objects} topk2={args.topk2}", x, kw, (8, 16, 32))
+        census(x, kw, (8, 16, 32))
 
 
 if __name__ == "__main__":

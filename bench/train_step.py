@@ -86,8 +86,9 @@ def measure(args, objects: int, patched: bool) -> dict:
         crit = model.criterion
         parts = [crit.one2many, crit.one2one] if hasattr(crit, "one2one") else [crit]
         originals = [p.assigner for p in parts]
+        calls = []
         for p, a in zip(parts, originals):
-            p.assigner = _Timed(a, spent, device)
+            p.assigner = _Timed(a, spent, device, calls if args.dump else None)
         inside = []
         for i in range(min(args.steps, 5)):
             spent.clear()
@@ -96,16 +97,25 @@ def measure(args, objects: int, patched: bool) -> dict:
             inside.append(sum(spent))
         for p, a in zip(parts, originals):
             p.assigner = a
+    if args.dump and patched:  # the assigners' real inputs of one step, for bench/profile_cuda.py --inputs
+        path = f"{args.dump}-m{objects}.pt"
+        torch.save(calls[: len(parts)], path)
+        print(f"saved the inputs of {len(parts)} assigner calls to {path}")
     med = statistics.median(times)
     return dict(objects=objects, patched=patched, step_s=med, assign_s=statistics.median(inside),
                 assigners=sorted({type(a).__name__ for a in originals}))
 
 
 class _Timed:
-    def __init__(self, inner, spent, device):
-        self.inner, self.spent, self.device = inner, spent, device
+    def __init__(self, inner, spent, device, calls=None):
+        self.inner, self.spent, self.device, self.calls = inner, spent, device, calls
 
     def __call__(self, *args, **kwargs):
+        if self.calls is not None:
+            settings = {k: getattr(self.inner, k) for k in ("topk", "topk2", "num_classes", "alpha", "beta", "eps", "stride")}
+            self.calls.append(dict(args=[a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args],
+                                   kwargs=kwargs, settings=settings,
+                                   autocast=torch.is_autocast_enabled(torch.device(self.device).type)))
         sync(self.device)
         t0 = time.perf_counter()
         out = self.inner(*args, **kwargs)
@@ -125,6 +135,7 @@ def main(argv=None):
     p.add_argument("--objects", type=int, nargs="+", default=[60, 300])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--dump", metavar="PREFIX", help="save the assigners' inputs of one patched step to PREFIX-m<objects>.pt")
     args = p.parse_args(argv)
     print(f"yolo26n-obb, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")

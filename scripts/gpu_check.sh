@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine (the device tool's H200): build in place against that machine's torch, then run the test suite
 # with the CUDA tests. Wheels in .whl/ (the peer ultralytics and the packages it lacks there) go to /tmp/site first.
-# Extra arguments go to pytest. Logs land in $OUT (or /tmp/out).
+# Extra arguments go to pytest; "--build-only" stops after the build. Logs land in $OUT (or /tmp/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/out}"
@@ -21,4 +21,5 @@ if ! python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
   tail -40 "$OUT/build.log"
   exit 1
 fi
+[ "${1:-}" = --build-only ] && exit 0
 python3 -m pytest tests -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$OUT/pytest.log" | tail -15
