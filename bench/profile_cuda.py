@@ -8,6 +8,7 @@ time, no launch gaps), and the per-kernel GPU time from torch.profiler.
 import argparse
 import statistics
 import sys
+import time
 
 import torch
 
@@ -31,6 +32,31 @@ def events(fn, reps=30):
     return statistics.median(out)
 
 
+def host(fn, reps=10):
+    """Host time per call: calls queued back to back (too few to fill the launch queue), then one synchronisation."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    t = (time.perf_counter() - t0) / reps
+    torch.cuda.synchronize()
+    return t * 1e6
+
+
+def synced(fn, reps=30):
+    """Wall time of one call between two synchronisations, as bench/train_step.py times the assigner."""
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(out)
+
+
 def profile(label, x, kw, stride):
     """Time one problem three ways (API call, bare op, graph replay) and list its kernels' GPU time."""
     stride_val = api.reference.stride_value(stride)
@@ -47,7 +73,10 @@ def profile(label, x, kw, stride):
     with torch.cuda.graph(g):
         ops.assign(*x_op, stride_val=stride_val, **kw)
     t_graph = events(g.replay)
-    print(f"\n== {label}: api {t_api:.1f} us | op {t_op:.1f} us | graph replay {t_graph:.1f} us")
+    api_call = lambda: api.assign(*x, backend="kernel", stride=stride, **kw)  # noqa: E731
+    print(f"\n== {label}: api {t_api:.1f} us | op {t_op:.1f} us | graph replay {t_graph:.1f} us | "
+          f"api between syncs {synced(api_call):.1f} us | host per call: api {host(api_call):.1f} us, "
+          f"op {host(lambda: ops.assign(*x_op, stride_val=stride_val, **kw)):.1f} us")
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(5):

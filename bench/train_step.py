@@ -6,7 +6,8 @@
 The model is built from its YAML (no weights). Each step is a forward pass under bf16 autocast, the loss (YOLO26's
 end-to-end loss: two assignments per step), backward and an SGD step, on synthetic DOTA-like labels. It reports the
 median step time, and the assigner's share measured in a separate instrumented pass (the assigners' calls timed with
-synchronisation around each one), with and without ``lucid_assign.integrations.ultralytics.patch()``.
+synchronisation around each one), with and without ``lucid_assign.integrations.ultralytics.patch()``: both models are
+built from one seed and their steps alternate, so that both see the same state of the machine.
 """
 
 from __future__ import annotations
@@ -67,20 +68,27 @@ def step(model, opt, batch, device):
     return loss.detach(), items
 
 
-def measure(args, objects: int, patched: bool) -> dict:
+def measure(args, objects: int) -> list:
+    """Both variants, unpatched and patched, built from one seed and stepped in alternation (which one goes first
+    alternates too), so that both see the same conditions of the machine; then an instrumented pass of each."""
     device = args.device
     batches = [labels_batch(args.batch, args.imgsz, objects, seed, device) for seed in range(3)]
-    with integ.patched() if patched else contextlib.nullcontext():
-        model, opt = build(device)
-        for i in range(args.warmup):
-            step(model, opt, batches[i % 3], device)
-        sync(device)
-        times = []
-        for i in range(args.steps):
+    runs = []
+    for patched in (False, True):
+        with integ.patched() if patched else contextlib.nullcontext():
+            model, opt = build(device)
+            for i in range(args.warmup):  # the first step builds the loss, and with it the assigners
+                step(model, opt, batches[i % 3], device)
+        runs.append(dict(objects=objects, patched=patched, model=model, opt=opt, times=[]))
+    sync(device)
+    for i in range(args.steps):
+        for r in runs if i % 2 == 0 else runs[::-1]:
             t0 = time.perf_counter()
-            step(model, opt, batches[i % 3], device)
+            step(r["model"], r["opt"], batches[i % 3], device)
             sync(device)
-            times.append(time.perf_counter() - t0)
+            r["times"].append(time.perf_counter() - t0)
+    for r in runs:
+        model, opt = r.pop("model"), r.pop("opt")
         # instrumented pass: time spent inside the assigners
         spent = []
         crit = model.criterion
@@ -95,15 +103,40 @@ def measure(args, objects: int, patched: bool) -> dict:
             step(model, opt, batches[i % 3], device)
             sync(device)
             inside.append(sum(spent))
+        if args.profile:
+            profile_assigners(model, opt, batches, device)
         for p, a in zip(parts, originals):
             p.assigner = a
-    if args.dump and patched:  # the assigners' real inputs of one step, for bench/profile_cuda.py --inputs
-        path = f"{args.dump}-m{objects}.pt"
-        torch.save(calls[: len(parts)], path)
-        print(f"saved the inputs of {len(parts)} assigner calls to {path}")
-    med = statistics.median(times)
-    return dict(objects=objects, patched=patched, step_s=med, assign_s=statistics.median(inside),
-                assigners=sorted({type(a).__name__ for a in originals}))
+        if args.dump and r["patched"]:  # the assigners' real inputs of one step, for bench/profile_cuda.py --inputs
+            path = f"{args.dump}-m{objects}.pt"
+            torch.save(calls[: len(parts)], path)
+            print(f"saved the inputs of {len(parts)} assigner calls to {path}")
+        r.update(step_s=statistics.median(r["times"]), assign_s=statistics.median(inside),
+                 assigners=sorted({type(a).__name__ for a in originals}))
+    return runs
+
+
+def profile_assigners(model, opt, batches, device):
+    """Where the host time of the assigner calls goes inside a real step: torch.profiler over two steps, the CPU
+    self time of everything under the calls (the assigners are wrapped by _Timed, which marks them)."""
+    from collections import defaultdict
+
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for i in range(2):
+            step(model, opt, batches[i % 3], device)
+            sync(device)
+    calls = [e for e in prof.events() if e.name == "assigner call"]
+    per_name, stack = defaultdict(float), [c for c in calls]
+    while stack:
+        e = stack.pop()
+        per_name[e.name] += e.self_cpu_time_total
+        stack.extend(e.cpu_children)
+    n = max(len(calls), 1)
+    print(f"  profiled: {len(calls)} assigner calls, CPU time {sum(c.cpu_time_total for c in calls) / n:.1f} us per call;"
+          f" self CPU time per call of what runs under them:")
+    for name, t in sorted(per_name.items(), key=lambda kv: -kv[1])[:14]:
+        print(f"    {t / n:8.1f} us  {name[:90]}")
 
 
 class _Timed:
@@ -118,8 +151,9 @@ class _Timed:
                                    autocast=torch.is_autocast_enabled(torch.device(self.device).type)))
         sync(self.device)
         t0 = time.perf_counter()
-        out = self.inner(*args, **kwargs)
-        sync(self.device)
+        with torch.profiler.record_function("assigner call"):
+            out = self.inner(*args, **kwargs)
+            sync(self.device)
         self.spent.append(time.perf_counter() - t0)
         return out
 
@@ -135,6 +169,7 @@ def main(argv=None):
     p.add_argument("--objects", type=int, nargs="+", default=[60, 300])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--profile", action="store_true", help="profile the assigner calls of two instrumented steps")
     p.add_argument("--dump", metavar="PREFIX", help="save the assigners' inputs of one patched step to PREFIX-m<objects>.pt")
     args = p.parse_args(argv)
     print(f"yolo26n-obb, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
@@ -142,8 +177,7 @@ def main(argv=None):
     print(f"{'objects':>7} {'assigner':<34} {'step ms':>9} {'assign ms':>10} {'share':>7}")
     rows = []
     for objects in args.objects:
-        for patched in (False, True):
-            r = measure(args, objects, patched)
+        for r in measure(args, objects):
             rows.append(r)
             print(f"{objects:>7} {', '.join(r['assigners']):<34} {r['step_s'] * 1e3:9.1f} {r['assign_s'] * 1e3:10.2f} "
                   f"{100 * r['assign_s'] / r['step_s']:6.1f}%")

@@ -43,6 +43,7 @@ def main():
         run(scene(1024, MIXED, obb, seed=1, device="cpu"), num_classes=5, topk=10)
         run(scene(1280, [[3000, 50, 8]], obb, seed=4, device="cpu"), num_classes=5, topk=13, topk2=3)
         run(scene(1024, MIXED, obb, seed=5, nan_row=(0, 2), far=True, device="cpu"), num_classes=5, topk=10, topk2=3)
+        run(scene(1024, MIXED, obb, seed=7, device="cpu"), num_classes=5, topk=40, topk2=3)  # rows owning > 32
         if not args.no_odd:
             for inputs in _cases(obb).values():
                 if inputs[4].dtype != torch.float32 and dev == "cuda":
