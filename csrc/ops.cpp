@@ -8,6 +8,8 @@
 
 #include <tuple>
 
+#include "amp.h"
+
 TORCH_LIBRARY(lucid, m) {
   // SPEC step 1: (B, M, A) bool, true where anchor a lies in the candidate region of box m of image b.
   // gt_bboxes (B, M, 4) x1y1x2y2 or (B, M, 5) cx,cy,w,h,angle; anc_points (A, 2); mask_gt (B, M, 1) or (B, M),
@@ -44,18 +46,19 @@ TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   }
 }
 
-// CUDA autocast runs `pow` in float32 (it is on PyTorch's autocast-to-float32 list): under
-// torch.autocast("cuda"), the reference's (and the peer's) s.pow(alpha) of float16/bfloat16 scores is the float32
-// power of the widened scores, neither rounded to the score dtype nor with a rounded exponent. The ops that take
-// the power (assign, box_metrics) therefore see float32 scores under CUDA autocast, widened exactly, so that every
-// backend computes what the reference computes in the same context. CPU autocast leaves pow in the input dtype and
+// CUDA autocast runs `pow` in float32 (amp.h): the ops that take the power of the scores (assign, box_metrics) see
+// float16/bfloat16 scores as widened exactly, so that every backend computes what the reference computes in the same
+// context. box_metrics is given widened scores; assign is forwarded with the flag of amp.h, which its CUDA kernel
+// reads (the same values, without a float32 copy of the scores). CPU autocast leaves pow in the input dtype and
 // needs nothing.
 namespace {
 
-at::Tensor widen_scores(const at::Tensor& s) {
+bool narrow_cuda_scores(const at::Tensor& s) {
   const auto t = s.scalar_type();
-  return (t == at::kHalf || t == at::kBFloat16) && s.is_cuda() ? s.to(at::kFloat) : s;
+  return (t == at::kHalf || t == at::kBFloat16) && s.is_cuda();
 }
+
+at::Tensor widen_scores(const at::Tensor& s) { return narrow_cuda_scores(s) ? s.to(at::kFloat) : s; }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_autocast(
     const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
@@ -68,8 +71,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_au
                                  const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                  const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double, double,
                                  double, double)>();
-  return op.call(widen_scores(pd_scores), pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                 num_classes, alpha, beta, eps, stride_val);
+  const lucid::ScoresPowInFloat32 flag(narrow_cuda_scores(pd_scores));
+  return op.call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha,
+                 beta, eps, stride_val);
 }
 
 std::tuple<at::Tensor, at::Tensor> box_metrics_autocast(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,

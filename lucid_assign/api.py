@@ -146,20 +146,28 @@ def device_unsupported(device: str) -> str | None:
 
 def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
     """Why the compiled assign cannot take these inputs, or None when it can."""
-    device = pd_scores.device.type
+    key = (pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype, gt_bboxes.dtype)
+    if key not in _unsupported:  # depends on the device type and dtypes alone: asked once per combination
+        _unsupported[key] = _kernel_unsupported(*key)
+    return _unsupported[key]
+
+
+_unsupported: dict = {}
+
+
+def _kernel_unsupported(device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> str | None:
     why = device_unsupported(device)
     if why:
         return why
-    box_dtype = gt_bboxes.dtype
     allowed = (torch.float32, torch.float64) if device == "cpu" else (torch.float32,)
     if box_dtype not in allowed:
         return f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}"
-    if pd_bboxes.dtype != box_dtype or not _widens_exactly(anc_points.dtype, box_dtype):
-        return (f"the kernel needs pd_bboxes, anc_points and gt_bboxes of one dtype, got {pd_bboxes.dtype}, "
-                f"{anc_points.dtype} and {box_dtype}")
+    if pd_dtype != box_dtype or not _widens_exactly(anchor_dtype, box_dtype):
+        return (f"the kernel needs pd_bboxes, anc_points and gt_bboxes of one dtype, got {pd_dtype}, "
+                f"{anchor_dtype} and {box_dtype}")
     score_ok = (torch.float32, torch.float16, torch.bfloat16) if box_dtype == torch.float32 else (torch.float64,)
-    if pd_scores.dtype not in score_ok:
-        return f"the kernel takes {'/'.join(str(d) for d in score_ok)} scores with {box_dtype} boxes, got {pd_scores.dtype}"
+    if score_dtype not in score_ok:
+        return f"the kernel takes {'/'.join(str(d) for d in score_ok)} scores with {box_dtype} boxes, got {score_dtype}"
     return None
 
 

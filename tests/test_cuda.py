@@ -37,12 +37,13 @@ def test_kernel_equals_peer_on_cuda(library, peer_tal, obb, setting, score_dtype
 
 @pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
 @pytest.mark.parametrize("score_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_under_cuda_autocast_equals_peer(library, peer_tal, obb, score_dtype):
+@pytest.mark.parametrize("topk", [dict(topk=10), dict(topk=7, topk2=1)], ids=["k10", "k7k2"])
+def test_under_cuda_autocast_equals_peer(library, peer_tal, obb, score_dtype, topk):
     """The peer trainer computes its loss under torch.autocast("cuda"), where pow runs in float32: the kernel, the
     reference and the peer must agree there too (and differ from the same call outside autocast, or the test would
     not see the policy at all)."""
     inputs = to("cuda", make_problem(33, obb, batch=3, n_boxes=40, pad_rows=6, score_dtype=score_dtype))
-    kw = dict(num_classes=7, alpha=0.7, beta=6.0, topk=10)
+    kw = dict(num_classes=7, alpha=0.7, beta=6.0, **topk)
     cls = peer_tal.RotatedTaskAlignedAssigner if obb else peer_tal.TaskAlignedAssigner
     with torch.autocast("cuda", dtype=score_dtype):
         theirs = cls(stride=list(STRIDES), **kw)(*inputs)

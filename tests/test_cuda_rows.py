@@ -77,6 +77,17 @@ def test_every_row_size(library, obb, topk):
 
 
 @pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+@pytest.mark.parametrize("k2", [1, 3, 32, 33])
+@pytest.mark.parametrize("metrics", ["near", "far", "negative"])
+def test_second_topk_over_owned_anchors(library, obb, k2, metrics):
+    """The second top-k ranks each row's owned anchors: a warp per row owning up to 32, the walk over all anchors
+    beyond (top-k 40 lets rows own more), with positive, zero and negative metrics at the k2-th place."""
+    inputs = scene(1024, MIXED, obb, seed=7, far=metrics == "far", negative=metrics == "negative")
+    out = check(inputs, topk=40, topk2=k2, alpha=1.0)
+    assert out[3].any()
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
 def test_zero_metrics_at_the_kth_place(library, obb):
     """Predictions far from every object: every overlap is 0, so each row's top-k is the lowest-indexed anchors,
     candidates or not, in rows of every size."""
@@ -105,10 +116,11 @@ def test_non_finite_box_rows(library, obb):
     check(scene(1024, MIXED, obb, seed=5, nan_row=(0, 2)))
 
 
-def test_many_small_rows_graph_replay(library):
-    """Row lists are rebuilt on every replay of a captured graph."""
+@pytest.mark.parametrize("setting", [dict(topk=10), dict(topk=40, topk2=3)], ids=["k10", "k40k2=3"])
+def test_many_small_rows_graph_replay(library, setting):
+    """Row lists (and the second top-k's owned lists) are rebuilt on every replay of a captured graph."""
     inputs = scene(1024, [[3 + (i * 37) % 500 for i in range(120)] for _ in range(4)], True, seed=6)
-    kw = dict(num_classes=5, topk=10, stride_val=16.0)
+    kw = dict(num_classes=5, stride_val=16.0, **setting)
     static = [t.clone() for t in inputs]
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -123,7 +135,7 @@ def test_many_small_rows_graph_replay(library):
         for dst, src in zip(static, case):
             dst.copy_(src)
         graph.replay()
-        want = reference.assign(*case, stride=STRIDES, num_classes=5, topk=10)
+        want = reference.assign(*case, stride=STRIDES, num_classes=5, **setting)
         for a, b in zip(captured, want):
             assert torch.equal(a, b)
 

@@ -23,7 +23,9 @@
 //                            to a list of conflicted anchors (B*A).
 //   resolve_conflicts_kernel (one warp per conflicted anchor) the first row with the largest overlap over all M rows,
 //                            recomputed (trap 2). With the previous kernel: owner, metric, overlap, B*A each.
-//   second_topk_kernel       (K2 != K; one block per row) the same selection over what the row owns (trap 3).
+//   own_list_kernel, second_topk_warp_kernel, second_topk_rows_kernel  (K2 != K) the same selection over what each
+//                            row owns (trap 3): a list of the owned anchors per row (B*M*32 ints), ranked by a warp
+//                            per row; rows owning more than 32 anchors or with non-finite metrics scan all A anchors.
 //   row_maxima_kernel        (one thread per anchor) per-row max metric / overlap / count over the final owners,
 //                            by integer atomicMax on order-preserving keys (order-independent). Writes B*M.
 //   targets_kernel / scores_kernel  the outputs; background anchors take row 0 (trap 5), scores use trap 4.
@@ -48,6 +50,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "amp.h"
 #include "checks.h"
 #include "geometry.h"
 
@@ -115,6 +118,7 @@ struct Problem {
   double alpha, beta;
   T eps;
   Prep<T> prep;
+  bool pow_wide;  // s^alpha as for scores widened to float32 (CUDA autocast, amp.h)
 
   __device__ bool contains(int64_t row, int64_t a) const {
     const T px = anc[2 * a], py = anc[2 * a + 1];
@@ -140,6 +144,10 @@ struct Problem {
     const int64_t label = labels[row];
     CUDA_KERNEL_ASSERT(label >= 0 && label < C && "gt_labels: a real object has a label outside [0, num_classes)");
     const S s = scores[p * C + label];
+    if (pow_wide) {  // the float32 power of the widened score, with a float32 exponent
+      const T sp = geom::pow_scalar(static_cast<T>(s), static_cast<double>(static_cast<float>(alpha)));
+      return geom::mul(sp, geom::pow_scalar(o, beta));
+    }
     // s.pow(alpha) in the score's dtype (the exponent rounded to S, computed in T, rounded to S), times o.pow(beta)
     const double e = static_cast<double>(static_cast<S>(alpha));
     const T sp = static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), e)));
@@ -154,14 +162,33 @@ struct Problem {
 };
 
 // ---- per-box preparation -----------------------------------------------------------------------------------------
+// The per-row inputs as the kernels read them: valid (mask_gt != 0) and the labels as int64. float32 contiguous
+// mask_gt and gt_labels (what trainers pass) are converted here, by prep_boxes_kernel, as ATen's ne(0) and
+// to(int64) would; other dtypes and layouts are converted by ATen before the call (mask_f is then null).
+struct RowInputs {
+  const float* mask_f;
+  const float* label_f;
+  bool* valid;      // written here when mask_f is set, else already filled
+  int64_t* labels;
+  __device__ bool convert(int64_t row) const {
+    if (mask_f == nullptr) return valid[row];
+    const bool v = mask_f[row] != 0.0f;
+    valid[row] = v;
+    labels[row] = static_cast<int64_t>(label_f[row]);
+    return v;
+  }
+};
+
 template <typename T>
-__global__ void prep_boxes_kernel(const T* __restrict__ gt, const bool* __restrict__ valid, const T* __restrict__ pd,
+__global__ void prep_boxes_kernel(const T* __restrict__ gt, const RowInputs rows, const T* __restrict__ pd,
                                   int64_t n_rows, int64_t n_pred, int D, T stride_val, geom::HbbRegion<T>* hbb,
                                   geom::ObbRegion<T>* obb, T* gprep, T* pprep) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_rows + n_pred) return;
   const bool is_gt = i < n_rows;
   const int64_t j = is_gt ? i : i - n_rows;
+  bool real = false;
+  if (is_gt) real = rows.convert(j);
   const T* box = (is_gt ? gt : pd) + j * D;
   T* out = (is_gt ? gprep : pprep) + j * 3;
   if (D == 4) {
@@ -169,14 +196,14 @@ __global__ void prep_boxes_kernel(const T* __restrict__ gt, const bool* __restri
     const T w = geom::sub(box[2], box[0]);
     const T h = geom::add(geom::sub(box[3], box[1]), T(geom::kIouEps));
     out[0] = ::atan(geom::div(w, h));
-    if (is_gt) hbb[j] = geom::hbb_candidate_region<T>(box[0], box[1], box[2], box[3], valid[j], stride_val);
+    if (is_gt) hbb[j] = geom::hbb_candidate_region<T>(box[0], box[1], box[2], box[3], real, stride_val);
   } else {
     const T c = ::cos(box[4]), s = ::sin(box[4]);
     const auto g = geom::gaussian<T, /*kReciprocal=*/true>(box[2], box[3], c, s);
     out[0] = g.a;
     out[1] = g.b;
     out[2] = g.c;
-    if (is_gt) obb[j] = geom::obb_candidate_region<T>(box[0], box[1], box[2], box[3], c, s, valid[j], stride_val);
+    if (is_gt) obb[j] = geom::obb_candidate_region<T>(box[0], box[1], box[2], box[3], c, s, real, stride_val);
   }
 }
 
@@ -526,6 +553,27 @@ __device__ bool row_cells(const Problem<S, T>& P, const CellIndex& cells, int64_
 
 constexpr int kTinyWarps = kThreads / 32;
 
+// Rank of this lane's entry among all A anchors by (key desc, index asc), where the A - n anchors without an entry
+// have the zero key. Lanes 0..n-1 hold the n entries (n <= 32, the same in all lanes); all 32 lanes call it.
+__device__ __forceinline__ int64_t warp_rank(uint32_t key, int64_t anchor, bool has, int n, int64_t A) {
+  const int n_pos = __popc(__ballot_sync(0xffffffffu, has && key > kZeroKey));
+  const int n_nonzero = __popc(__ballot_sync(0xffffffffu, has && key != kZeroKey));
+  int64_t before = 0;  // explicit entries ranked ahead of this one (positive / negative keys), or non-zero entries
+                       // with a lower index (zero key)
+  for (int j = 0; j < n; ++j) {
+    const uint32_t kj = __shfl_sync(0xffffffffu, key, j);
+    const int64_t aj = __shfl_sync(0xffffffffu, anchor, j);
+    if (key == kZeroKey) {
+      before += kj != kZeroKey && aj < anchor;
+    } else if ((key > kZeroKey) == (kj > kZeroKey) && kj != kZeroKey) {
+      before += kj > key || (kj == key && aj < anchor);
+    }
+  }
+  if (key > kZeroKey) return before;
+  if (key == kZeroKey) return n_pos + anchor - before;
+  return n_pos + (A - n_nonzero) + before;
+}
+
 template <typename S, typename T>
 __global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
                                                                int32_t* claim_n, int32_t* claim_anchor, T* claim_align,
@@ -572,24 +620,7 @@ __global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, Ce
     notes.note(row, e.align, e.overlap);
   }
   const uint32_t key = has ? e.key : 0u;
-  const int64_t anchor = has ? e.anchor : 0;
-  const int n_pos = __popc(__ballot_sync(0xffffffffu, has && key > kZeroKey));
-  const int n_nonzero = __popc(__ballot_sync(0xffffffffu, has && key != kZeroKey));
-  int64_t before = 0;  // explicit entries ranked ahead of this one (positive / negative keys), or non-zero entries
-                       // with a lower index (zero key)
-  for (int j = 0; j < n; ++j) {
-    const uint32_t kj = __shfl_sync(0xffffffffu, key, j);
-    const int64_t aj = __shfl_sync(0xffffffffu, anchor, j);
-    if (key == kZeroKey) {
-      before += kj != kZeroKey && aj < anchor;
-    } else if ((key > kZeroKey) == (kj > kZeroKey) && kj != kZeroKey) {
-      before += kj > key || (kj == key && aj < anchor);
-    }
-  }
-  int64_t rank;
-  if (key > kZeroKey) rank = before;
-  else if (key == kZeroKey) rank = n_pos + anchor - before;
-  else rank = n_pos + (P.A - n_nonzero) + before;
+  const int64_t rank = warp_rank(key, has ? e.anchor : 0, has, n, P.A);
   const bool chosen = has && rank < P.K;
   const unsigned chosen_lanes = __ballot_sync(0xffffffffu, chosen);
   if (chosen) {
@@ -913,60 +944,93 @@ __global__ void resolve_conflicts_kernel(Problem<S, T> P, const int64_t* conflic
 }
 
 // ---- pass 4 ----------------------------------------------------------------------------------------------------
+// The second top-k (K2 != K) ranks, per row, what the row owns after the conflicts (trap 3). own_list_kernel lists
+// each row's owned anchors (kOwnCap of them at most; own_n counts them all); second_topk_warp_kernel ranks the
+// lists of rows that own at most kOwnCap anchors and have only finite metrics, a warp each, and passes the other
+// rows to second_topk_rows_kernel, which scans all A anchors per row.
+constexpr int kOwnCap = 32;
+
+__global__ void own_list_kernel(const int64_t* owner, int64_t B, int64_t M, int64_t A, int32_t* own_n,
+                                int32_t* own_list) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= B * A) return;
+  const int64_t m = owner[i];
+  if (m < 0) return;
+  const int64_t row = (i / A) * M + m;
+  const int slot = atomicAdd(&own_n[row], 1);  // the order within a row does not matter: ranks are computed
+  if (slot < kOwnCap) own_list[row * kOwnCap + slot] = static_cast<int32_t>(i % A);
+}
+
 template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads) second_topk_kernel(Problem<S, T> P, RowNotes notes, int64_t* owner,
-                                                                 const T* own_align, const T* own_ov, int k2,
-                                                                 int32_t* keep) {
+__global__ void __launch_bounds__(kThreads) second_topk_warp_kernel(Problem<S, T> P, RowNotes notes,
+                                                                      const int32_t* own_n, const int32_t* own_list,
+                                                                      const T* own_align, int k2, int32_t* keep,
+                                                                      int32_t* slow_rows, int32_t* slow_n) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kTinyWarps + threadIdx.x / 32;
+  if (row >= P.B * P.M) return;  // whole warps
+  const int n = own_n[row];
+  if (n == 0) return;
+  if (n > kOwnCap || notes.flagged(row)) {
+    if (lane == 0) slow_rows[atomicAdd(slow_n, 1)] = static_cast<int32_t>(row);
+    return;
+  }
+  const int64_t b = row / P.M;
+  const bool has = lane < n;
+  const int64_t anchor = has ? own_list[row * kOwnCap + lane] : 0;
+  const uint32_t key = has ? order_key(own_align[b * P.A + anchor]) : 0u;
+  if (has && warp_rank(key, anchor, has, n, P.A) < k2) keep[b * P.A + anchor] = 1;
+}
+
+template <typename S, typename T>
+__global__ void __launch_bounds__(kThreads) second_topk_rows_kernel(Problem<S, T> P, RowNotes notes,
+                                                                      const int64_t* owner, const T* own_align,
+                                                                      const T* own_ov, int k2, int32_t* keep,
+                                                                      const int32_t* rows, const int32_t* n_rows) {
   const int64_t M = P.M, A = P.A;
-  const int64_t row = blockIdx.x;
-  const int64_t b = row / M, m = row % M;
   __shared__ SharedRow<T> sh;
   __shared__ typename BlockScan::TempStorage scan_tmp;
   __shared__ typename BlockReduce::TempStorage reduce_tmp;
-  __shared__ int n_owned, n_explicit;
-  const int64_t* own = owner + b * A;
-  int local = 0;
-  for (int64_t a = threadIdx.x; a < A; a += blockDim.x) local += own[a] == m;
-  const int total = BlockReduce(reduce_tmp).Sum(local);
-  if (threadIdx.x == 0) n_owned = total;
-  __syncthreads();
-  if (n_owned == 0) return;
-  const bool flagged = notes.flagged(row);
-  OwnedSource<S, T> src{own, own_align + b * A, own_ov + b * A, m, A, flagged ? &P : nullptr, row, b};
-  if (flagged) {  // count the explicit entries again, with the non-finite ones
+  __shared__ int n_explicit;
+  const int n_list = *n_rows;
+  for (int i = blockIdx.x; i < n_list; i += gridDim.x) {
+    const int64_t row = rows[i];
+    const int64_t b = row / M, m = row % M;
+    const int64_t* own = owner + b * A;
+    const bool flagged = notes.flagged(row);
+    OwnedSource<S, T> src{own, own_align + b * A, own_ov + b * A, m, A, flagged ? &P : nullptr, row, b};
+    // the explicit entries: the owned anchors, and for a flagged row its candidates with non-finite metrics
     int mine = 0;
     for (int64_t a = threadIdx.x; a < A; a += blockDim.x) {
       Entry<T> e;
       mine += src.get(a, e);
     }
-    __syncthreads();
     const int all = BlockReduce(reduce_tmp).Sum(mine);
     if (threadIdx.x == 0) n_explicit = all;
-  } else if (threadIdx.x == 0) {
-    n_explicit = n_owned;
+    __syncthreads();
+    // survivors are flagged in `keep` (only anchors the row owns); the owner array is updated by row_maxima_kernel,
+    // so no block reads a changed value
+    select_row<kThreads, T>(src, n_explicit, A, k2, sh, scan_tmp, [&](const Entry<T>& e, int) {
+      if (own[e.anchor] == m) keep[b * A + e.anchor] = 1;
+    });
+    __syncthreads();  // shared memory is reused by the next row
   }
-  __syncthreads();
-  // survivors are flagged in `keep` (only anchors the row owns); the owner array is updated by a later kernel so
-  // no block reads a changed value
-  select_row<kThreads, T>(src, n_explicit, A, k2, sh, scan_tmp, [&](const Entry<T>& e, int) {
-    if (own[e.anchor] == m) keep[b * A + e.anchor] = 1;
-  });
-}
-
-__global__ void apply_keep_kernel(int64_t* owner, const int32_t* keep, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n && owner[i] >= 0 && !keep[i]) owner[i] = -1;
 }
 
 // ---- pass 5 ----------------------------------------------------------------------------------------------------
+// With `keep` (the second top-k's survivors), the owned anchors not kept become background first.
 template <typename T>
-__global__ void row_maxima_kernel(const int64_t* owner, const T* own_align, const T* own_ov, int64_t B, int64_t M,
-                                  int64_t A, uint32_t* best_align, uint32_t* best_ov, int32_t* owned,
+__global__ void row_maxima_kernel(int64_t* owner, const int32_t* keep, const T* own_align, const T* own_ov, int64_t B,
+                                  int64_t M, int64_t A, uint32_t* best_align, uint32_t* best_ov, int32_t* owned,
                                   int32_t* inf_owned) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= B * A) return;
   const int64_t m = owner[i];
   if (m < 0) return;
+  if (keep != nullptr && !keep[i]) {
+    owner[i] = -1;
+    return;
+  }
   const int64_t row = (i / A) * M + m;
   atomicMax(&best_align[row], order_key(own_align[i]));
   atomicMax(&best_ov[row], order_key(own_ov[i]));
@@ -1059,6 +1123,8 @@ struct Workspace {
   int32_t* count;                // claims per anchor (B*A)
   unsigned long long* claimant;  // (B*A)
   int32_t* keep;                 // second top-k survivors (B*A), when topk2 != topk
+  int32_t* own_n;                // owned anchors per row (B*M), when topk2 != topk
+  int32_t* slow_n;
   uint32_t* best_align;          // per-row maxima keys (B*M); 0 ranks below every number
   uint32_t* best_ov;
   int32_t* owned;
@@ -1078,6 +1144,10 @@ struct Workspace {
   int32_t* claim_n;
   int32_t* medium_rows;
   int32_t* big_rows;
+  bool* valid;          // (B*M) mask_gt != 0, when converted by prep_boxes_kernel
+  int64_t* labels;      // (B*M) likewise
+  int32_t* own_list;   // (B*M*kOwnCap), when topk2 != topk
+  int32_t* slow_rows;  // (B*M), when topk2 != topk
   int32_t* claim_anchor;
   T* claim_align;
   T* claim_ov;
@@ -1096,6 +1166,8 @@ struct Workspace {
     count = L.take<int32_t>(B * A);
     claimant = L.take<unsigned long long>(B * A);
     keep = L.take<int32_t>(second ? B * A : 0);
+    own_n = L.take<int32_t>(second ? B * M : 0);
+    slow_n = L.take<int32_t>(1);
     best_align = L.take<uint32_t>(B * M);
     best_ov = L.take<uint32_t>(B * M);
     owned = L.take<int32_t>(B * M);
@@ -1115,6 +1187,10 @@ struct Workspace {
     claim_n = L.take<int32_t>(B * M);
     medium_rows = L.take<int32_t>(B * M);
     big_rows = L.take<int32_t>(B * M);
+    valid = L.take<bool>(B * M);
+    labels = L.take<int64_t>(B * M);
+    own_list = L.take<int32_t>(second ? B * M * kOwnCap : 0);
+    slow_rows = L.take<int32_t>(second ? B * M : 0);
     claim_anchor = L.take<int32_t>(B * M * K);
     claim_align = L.take<T>(B * M * K);
     claim_ov = L.take<T>(B * M * K);
@@ -1221,8 +1297,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   }
   if (B * A == 0) return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
   const auto stream = at::cuda::getCurrentCUDAStream();
-  const auto valid = mask_gt.reshape({B, M}).ne(0).contiguous();
-  const auto labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
+  const bool pow_wide = scores_pow_in_float32();  // set by the autocast kernel for float16/bfloat16 scores
+  // float32 contiguous mask and labels are converted by prep_boxes_kernel; others by ATen here
+  const bool rows_in_kernel = mask_gt.scalar_type() == at::kFloat && gt_labels.scalar_type() == at::kFloat &&
+                              mask_gt.is_contiguous() && gt_labels.is_contiguous();
+  at::Tensor valid_t, labels_t;
+  if (!rows_in_kernel) {
+    valid_t = mask_gt.reshape({B, M}).ne(0).contiguous();
+    labels_t = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
+  }
   const auto scores = pd_scores.contiguous();
   const auto pd = pd_bboxes.contiguous(), gt = gt_bboxes.contiguous(), anc = anc_points.contiguous();
   TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
@@ -1241,8 +1324,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     auto* hbb = reinterpret_cast<geom::HbbRegion<T>*>(w.regions);
     auto* obb = reinterpret_cast<geom::ObbRegion<T>*>(w.regions);
     // per-box preparation
+    const RowInputs rows = rows_in_kernel
+                               ? RowInputs{mask_gt.data_ptr<float>(), gt_labels.data_ptr<float>(), w.valid, w.labels}
+                               : RowInputs{nullptr, nullptr, valid_t.data_ptr<bool>(), labels_t.data_ptr<int64_t>()};
     prep_boxes_kernel<T><<<blocks_for(B * M + B * A), kThreads, 0, stream>>>(
-        gt.data_ptr<T>(), valid.data_ptr<bool>(), pd.data_ptr<T>(), B * M, B * A, static_cast<int>(D),
+        gt.data_ptr<T>(), rows, pd.data_ptr<T>(), B * M, B * A, static_cast<int>(D),
         static_cast<T>(stride_val), hbb, obb, w.gprep, w.pprep);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 
@@ -1264,9 +1350,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
       using S = scalar_t;
       Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), anc.data_ptr<T>(), gt.data_ptr<T>(),
-                      labels.data_ptr<int64_t>(), valid.data_ptr<bool>(), B, A, C, M, static_cast<int>(D),
+                      rows.labels, rows.valid, B, A, C, M, static_cast<int>(D),
                       static_cast<int>(topk), static_cast<int>(topk2), alpha, beta, static_cast<T>(eps),
-                      Prep<T>{hbb, obb, w.gprep, w.pprep}};
+                      Prep<T>{hbb, obb, w.gprep, w.pprep}, pow_wide};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       const auto* props = at::cuda::getCurrentDeviceProperties();
       tiny_rows_kernel<S, T><<<blocks_for(B * M, kTinyWarps), kThreads, 0, stream>>>(
@@ -1319,20 +1405,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
       if (topk2 != topk) {
-        second_topk_kernel<S, T><<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
-            P, notes, w.owner, w.own_align, w.own_ov, static_cast<int>(topk2), w.keep);
+        own_list_kernel<<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner, B, M, A, w.own_n, w.own_list);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-        apply_keep_kernel<<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner, w.keep, B * A);
+        second_topk_warp_kernel<S, T><<<blocks_for(B * M, kTinyWarps), kThreads, 0, stream>>>(
+            P, notes, w.own_n, w.own_list, w.own_align, static_cast<int>(topk2), w.keep, w.slow_rows, w.slow_n);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
+        {
+          // the other rows: as many blocks as fit on the device at once, each taking rows from the list in turn
+          auto kernel = second_topk_rows_kernel<S, T>;
+          const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kThreads, 0));
+          kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+              P, notes, w.owner, w.own_align, w.own_ov, static_cast<int>(topk2), w.keep, w.slow_rows, w.slow_n);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        }
       }
     });
-    row_maxima_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner, w.own_align, w.own_ov, B, M, A,
+    row_maxima_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner, topk2 != topk ? w.keep : nullptr,
+                                                                      w.own_align, w.own_ov, B, M, A,
                                                                       w.best_align, w.best_ov, w.owned, w.inf_owned);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     poison_kernel<<<blocks_for(B * M), kThreads, 0, stream>>>(notes, w.inf_owned, B * M, M, w.poisoned);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     targets_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-        w.owner, w.own_align, w.best_align, w.best_ov, w.owned, labels.data_ptr<int64_t>(), gt.data_ptr<T>(),
+        w.owner, w.own_align, w.best_align, w.best_ov, w.owned, rows.labels, gt.data_ptr<T>(),
         w.poisoned, B, M, A, static_cast<int>(D), static_cast<T>(eps),
         target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(), fg_mask.data_ptr<bool>(),
         target_gt_idx.data_ptr<int64_t>(), w.norm);
