@@ -1,7 +1,8 @@
 """Calls of the compiled assign alone (no reference, so no torch.topk), for compute-sanitizer: PyTorch's own
 torch.topk, which the reference calls, reads memory it never wrote (initcheck reports it), and the reference's
 kernels make racecheck slow. Covers HBB and OBB, fp32 and bf16 scores, K2 != K, rows of every size (a warp, a block,
-the big-row kernel, the recompute walk at 1280 px, non-finite boxes) and every odd input of docs/odd-inputs.md.
+the big-row kernel, the recompute walk at 1280 px, non-finite boxes), rows owning more than 32 anchors in the second
+top-k, 5,000 objects per image and every odd input of docs/odd-inputs.md.
 
     compute-sanitizer --tool initcheck --error-exitcode 9 python3 scripts/sanitize_assign.py
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_assign.py
@@ -50,6 +51,10 @@ def main():
                     continue  # float64: the CUDA kernel takes float32 boxes (the API runs the reference)
                 for k2 in (10, 3):
                     run(inputs, num_classes=7, topk=10, topk2=k2, alpha=1.0)
+    # 5,000 objects per image, with and without a second top-k (tests/test_hardening.py)
+    many = make_problem(7, True, batch=1, n_boxes=5000, pad_rows=100, img_size=64)
+    run(many, num_classes=7, topk=10)
+    run(many, num_classes=7, topk=10, topk2=3)
     if dev == "cuda":
         torch.cuda.synchronize()
     print(f"sanitize_assign: {calls} calls on {dev}: done")
