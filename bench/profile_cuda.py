@@ -62,25 +62,26 @@ def profile(label, x, kw, stride):
     stride_val = api.reference.stride_value(stride)
     x_op = list(x)
     x_op[2] = api._anchors_for_kernel(x[2], x[4])  # what the API hands the op
-    t_api = events(lambda: api.assign(*x, backend="kernel", stride=stride, **kw))
-    t_op = events(lambda: ops.assign(*x_op, stride_val=stride_val, **kw))
+    api_call = lambda: api.assign(*x, backend="kernel", stride=stride, **kw)  # noqa: E731
+    op_call = lambda: ops.assign(*x_op, stride_val=stride_val, **kw)  # noqa: E731
+    t_api = events(api_call)
+    t_op = events(op_call)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        ops.assign(*x_op, stride_val=stride_val, **kw)
+        op_call()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        ops.assign(*x_op, stride_val=stride_val, **kw)
+        op_call()
     t_graph = events(g.replay)
-    api_call = lambda: api.assign(*x, backend="kernel", stride=stride, **kw)  # noqa: E731
     print(f"\n== {label}: api {t_api:.1f} us | op {t_op:.1f} us | graph replay {t_graph:.1f} us | "
           f"api between syncs {synced(api_call):.1f} us | host per call: api {host(api_call):.1f} us, "
-          f"op {host(lambda: ops.assign(*x_op, stride_val=stride_val, **kw)):.1f} us")
+          f"op {host(op_call):.1f} us")
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(5):
-            api.assign(*x, backend="kernel", stride=stride, **kw)
+            api_call()
         torch.cuda.synchronize()
     stats = prof.key_averages()
     print("  GPU time per call:")

@@ -95,22 +95,25 @@ def measure(args, objects: int) -> list:
         parts = [crit.one2many, crit.one2one] if hasattr(crit, "one2one") else [crit]
         originals = [p.assigner for p in parts]
         calls = []
+        record = args.dump and r["patched"]
         for p, a in zip(parts, originals):
-            p.assigner = _Timed(a, spent, device, calls if args.dump else None)
+            p.assigner = _Timed(a, spent, device, calls if record else None)
         inside = []
         for i in range(min(args.steps, 5)):
             spent.clear()
             step(model, opt, batches[i % 3], device)
             sync(device)
             inside.append(sum(spent))
+            for p in parts:  # the inputs of the first step are enough
+                p.assigner.calls = None
         if args.profile:
             profile_assigners(model, opt, batches, device)
         for p, a in zip(parts, originals):
             p.assigner = a
-        if args.dump and r["patched"]:  # the assigners' real inputs of one step, for bench/profile_cuda.py --inputs
+        if record:  # the assigners' real inputs of one step, for bench/profile_cuda.py --inputs
             path = f"{args.dump}-m{objects}.pt"
-            torch.save(calls[: len(parts)], path)
-            print(f"saved the inputs of {len(parts)} assigner calls to {path}")
+            torch.save(calls, path)
+            print(f"saved the inputs of {len(calls)} assigner calls to {path}")
         r.update(step_s=statistics.median(r["times"]), assign_s=statistics.median(inside),
                  assigners=sorted({type(a).__name__ for a in originals}))
     return runs
@@ -126,8 +129,9 @@ def profile_assigners(model, opt, batches, device):
         for i in range(2):
             step(model, opt, batches[i % 3], device)
             sync(device)
-    calls = [e for e in prof.events() if e.name == "assigner call"]
-    per_name, stack = defaultdict(float), [c for c in calls]
+    # the CPU-side ranges only (record_function also leaves a GPU-side annotation of the same name)
+    calls = [e for e in prof.events() if e.name == "assigner call" and str(e.device_type).endswith("CPU")]
+    per_name, stack = defaultdict(float), list(calls)
     while stack:
         e = stack.pop()
         per_name[e.name] += e.self_cpu_time_total
