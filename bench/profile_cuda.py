@@ -60,10 +60,8 @@ def synced(fn, reps=30):
 def profile(label, x, kw, stride):
     """Time one problem three ways (API call, bare op, graph replay) and list its kernels' GPU time."""
     stride_val = api.reference.stride_value(stride)
-    x_op = list(x)
-    x_op[2] = api._anchors_for_kernel(x[2], x[4])  # what the API hands the op
     api_call = lambda: api.assign(*x, backend="kernel", stride=stride, **kw)  # noqa: E731
-    op_call = lambda: ops.assign(*x_op, stride_val=stride_val, **kw)  # noqa: E731
+    op_call = lambda: ops.assign(*x, stride_val=stride_val, **kw)  # noqa: E731
     t_api = events(api_call)
     t_op = events(op_call)
     s = torch.cuda.Stream()
@@ -94,18 +92,19 @@ def profile(label, x, kw, stride):
 
 
 def census(x, kw, stride):
-    """Rows by path of the CUDA top-k: candidates per real row (<= 32: warp, <= 2,048: block, more: big rows) and
-    rows with fewer positive metrics than K (their zero-key picks reach outside the candidates)."""
+    """Rows by path of the CUDA top-k: candidates per real row (<= 64: a warp, <= 2,048: a block, more: big rows)
+    and rows with fewer positive metrics than K (their zero-key picks reach outside the candidates)."""
     scores, pd_boxes, anchors, labels, gt_boxes, mask = x
-    anchors = api._anchors_for_kernel(anchors, gt_boxes)
+    anchors = anchors.to(gt_boxes.dtype)  # points_in_boxes takes the boxes' dtype
     cand = ops.points_in_boxes(anchors, gt_boxes, mask, api.reference.stride_value(stride))
     real = mask.reshape(cand.shape[:2]).bool()
     cand &= real[..., None]
     metric, _ = ops.box_metrics(scores.float(), pd_boxes, labels, gt_boxes, cand, kw["alpha"], kw["beta"])
     n = cand.sum(-1)[real]
     npos = ((metric > 0) & cand).sum(-1)[real]
-    print(f"  rows {n.numel()}: candidates <= 32: {(n <= 32).sum().item()}, 33-2048: "
-          f"{((n > 32) & (n <= 2048)).sum().item()}, > 2048: {(n > 2048).sum().item()}; mean {n.float().mean():.0f}, "
+    print(f"  rows {n.numel()}: candidates <= 32: {(n <= 32).sum().item()}, 33-64: "
+          f"{((n > 32) & (n <= 64)).sum().item()}, 65-2048: {((n > 64) & (n <= 2048)).sum().item()}, > 2048: "
+          f"{(n > 2048).sum().item()}; mean {n.float().mean():.0f}, "
           f"max {n.max().item()}; fewer positive metrics than K: {(npos < kw['topk']).sum().item()}")
 
 

@@ -1,6 +1,7 @@
 // Argument checks shared by every backend: each message names the argument and shows the bad value.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -53,8 +54,9 @@ inline int64_t check_assign_args(const at::Tensor& pd_scores, const at::Tensor& 
   TORCH_CHECK(box_t == at::kFloat || box_t == at::kDouble, "gt_bboxes must be float32 or float64, got ", box_t);
   TORCH_CHECK(pd_bboxes.scalar_type() == box_t, "pd_bboxes must have the dtype of gt_bboxes (", box_t, "), got ",
               pd_bboxes.scalar_type());
-  TORCH_CHECK(anc_points.scalar_type() == box_t, "anc_points must have the dtype of gt_bboxes (", box_t, "), got ",
-              anc_points.scalar_type());
+  const auto anc_t = anc_points.scalar_type();
+  TORCH_CHECK(anc_t == box_t || (c10::isFloatingType(anc_t) && c10::promoteTypes(anc_t, box_t) == box_t),
+              "anc_points must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", anc_t);
   const auto st = pd_scores.scalar_type();
   const bool scores_ok = box_t == at::kFloat ? (st == at::kFloat || st == at::kHalf || st == at::kBFloat16)
                                              : st == at::kDouble;

@@ -112,7 +112,8 @@ def assign(
         topk=topk, topk2=topk2, num_classes=num_classes, stride=stride,
     )
     if choose_backend(backend, pd_scores, pd_bboxes, anc_points, gt_bboxes) == "kernel":
-        anc_points = _anchors_for_kernel(anc_points, gt_bboxes)
+        # anchors of a narrower float type (bf16 under autocast, as the peer trainer makes them) are widened by the
+        # kernel: exact, and what the reference's type promotion does in every operation
         return ops.assign(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk, topk2=topk2,
             num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=reference.stride_value(stride),
@@ -125,14 +126,6 @@ def assign(
 
 def _widens_exactly(narrow: torch.dtype, wide: torch.dtype) -> bool:
     return narrow == wide or torch.promote_types(narrow, wide) == wide
-
-
-def _anchors_for_kernel(anc_points, gt_bboxes):
-    """Anchors of a narrower float type than the boxes (bf16 under autocast, as the peer trainer makes them) are
-    widened to the boxes' dtype: exact, and what the reference's type promotion does in every operation."""
-    if anc_points.dtype != gt_bboxes.dtype and _widens_exactly(anc_points.dtype, gt_bboxes.dtype):
-        return anc_points.to(gt_bboxes.dtype)
-    return anc_points
 
 
 def device_unsupported(device: str) -> str | None:

@@ -90,7 +90,8 @@ def assign(
     Args:
         pd_scores: (B, A, C) float32/float16/bfloat16 (float64 with float64 boxes).
         pd_bboxes, gt_bboxes: (B, A, D) and (B, M, D), D = 4 (HBB) or 5 (OBB), float32 or float64.
-        anc_points: (A, 2), dtype of the boxes. gt_labels, mask_gt: (B, M, 1).
+        anc_points: (A, 2), dtype of the boxes or a narrower float type (widened exactly). gt_labels, mask_gt:
+            (B, M, 1).
         topk, topk2: K and K2 (``topk2=None`` means K). stride_val: the side floor (``stride[1]`` of the trainer).
 
     Returns:

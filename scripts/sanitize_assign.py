@@ -1,8 +1,9 @@
 """Calls of the compiled assign alone (no reference, so no torch.topk), for compute-sanitizer: PyTorch's own
 torch.topk, which the reference calls, reads memory it never wrote (initcheck reports it), and the reference's
 kernels make racecheck slow. Covers HBB and OBB, fp32 and bf16 scores, K2 != K, rows of every size (a warp, a block,
-the big-row kernel, the recompute walk at 1280 px, non-finite boxes), rows owning more than 32 anchors in the second
-top-k, 5,000 objects per image and every odd input of docs/odd-inputs.md.
+the big-row kernel, the recompute walk at 1280 px, non-finite boxes, rows about the warp's cap of 64), bf16 anchors,
+rows owning more than 32 anchors in the second top-k, 5,000 objects per image and every odd input of
+docs/odd-inputs.md.
 
     compute-sanitizer --tool initcheck --error-exitcode 9 python3 scripts/sanitize_assign.py
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_assign.py
@@ -18,7 +19,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from cases import make_problem  # noqa: E402
-from test_cuda_rows import MIXED, scene  # noqa: E402
+from test_cuda_rows import MIXED, NEAR_WARP_CAP, scene  # noqa: E402
 from test_hardening import _cases  # noqa: E402
 
 from lucid_assign import ops  # noqa: E402
@@ -45,6 +46,12 @@ def main():
         run(scene(1280, [[3000, 50, 8]], obb, seed=4, device="cpu"), num_classes=5, topk=13, topk2=3)
         run(scene(1024, MIXED, obb, seed=5, nan_row=(0, 2), far=True, device="cpu"), num_classes=5, topk=10, topk2=3)
         run(scene(1024, MIXED, obb, seed=7, device="cpu"), num_classes=5, topk=40, topk2=3)  # rows owning > 32
+        near_cap = scene(1024, NEAR_WARP_CAP, obb, seed=3, device="cpu")  # rows of about 64 candidates
+        run(near_cap, num_classes=5, topk=10)
+        run(near_cap, num_classes=5, topk=300, topk2=3)  # K beyond the candidates
+        bf16_anchors = list(near_cap)
+        bf16_anchors[2] = (bf16_anchors[2] + 0.3).bfloat16()  # widened by the kernel
+        run(bf16_anchors, num_classes=5, topk=10, topk2=3)
         if not args.no_odd:
             for inputs in _cases(obb).values():
                 if inputs[4].dtype != torch.float32 and dev == "cuda":

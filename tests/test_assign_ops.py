@@ -118,6 +118,20 @@ def test_assign_inputs_not_modified_and_outputs_constant(library, device):
         assert torch.equal(a.detach(), b)
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("anchor_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_assign_narrow_anchors_are_widened_by_the_op(library, device, anchor_dtype):
+    """Anchors of a narrower float type than the boxes (the peer's, under autocast) go to the op as they are; it
+    widens them exactly, as the reference's type promotion does. Off-grid anchors, so that rounding shows."""
+    inputs = list(to(device, make_problem(8, True)))
+    inputs[2] = (inputs[2] + 0.3).to(anchor_dtype)
+    kw = dict(num_classes=7, topk=10, topk2=3)
+    want = reference.assign(*inputs, stride=STRIDES, **kw)
+    got = ops.assign(*inputs, stride_val=reference.stride_value(STRIDES), **kw)
+    assert_matches_reference(got, want, device == "cuda")
+    assert want[3].any()
+
+
 def test_assign_bad_labels_are_an_error_on_cpu(library):
     scores, pd, anc, labels, gt, mask = make_problem(7, True)
     labels = labels.clone()
@@ -134,6 +148,8 @@ def test_assign_bad_labels_are_an_error_on_cpu(library):
         (lambda a: a.__setitem__(2, a[2][:-1]), "anc_points"),
         (lambda a: a.__setitem__(3, a[3][:, :-1]), "gt_labels"),
         (lambda a: a.__setitem__(4, a[4].double()), "pd_bboxes"),
+        (lambda a: a.__setitem__(2, a[2].double()), "anc_points"),  # wider than the boxes
+        (lambda a: a.__setitem__(2, a[2].int()), "anc_points"),
         (lambda a: a.__setitem__(5, a[5][:1]), "mask_gt"),
     ],
 )

@@ -1,4 +1,4 @@
-"""The CUDA assign sorts object rows by their number of candidates: a warp per row for up to 32, a block with a
+"""The CUDA assign sorts object rows by their number of candidates: a warp per row for up to 64, a block with a
 shared-memory list for up to 2,048, a big-row kernel with a list in dynamic shared memory beyond that, and the
 recompute walk over all anchors when even that list is too small (more anchors than fit, as at 1280 px) or the cell
 index cannot be used (a non-finite box). Every path, with positive, zero and negative metrics at the k-th place,
@@ -73,6 +73,21 @@ MIXED = [[4, 12, 30, 60, 150, 260, 330, 700], [6, 40, 90, 400, 1500], [8, 20, 20
 def test_every_row_size(library, obb, topk):
     k, k2 = topk
     out = check(scene(1024, MIXED, obb, seed=1), topk=k, topk2=k2)
+    assert out[3].any()
+
+
+# box sides whose rows have about 64 candidates, the most a warp ranks (rows beyond go to a block)
+NEAR_WARP_CAP = [[44 + 2 * i for i in range(10)], [45 + 2 * i for i in range(10)]]
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+@pytest.mark.parametrize("topk", [(10, None), (300, None), (13, 3)], ids=["k10", "k300", "k13k2=3"])
+def test_rows_about_the_warp_cap(library, obb, topk):
+    inputs = scene(1024, NEAR_WARP_CAP, obb, seed=3)
+    n = ops.points_in_boxes(inputs[2], inputs[4], inputs[5], reference.stride_value(STRIDES)).sum(-1).flatten()
+    assert ((n > 48) & (n <= 64)).any() and ((n > 64) & (n <= 80)).any(), "the scene straddles the cap"
+    k, k2 = topk
+    out = check(inputs, topk=k, topk2=k2)
     assert out[3].any()
 
 

@@ -397,7 +397,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cp
                 "); found ", labels.masked_select(bad).slice(0, 0, 5), " (first five)");
   }
   const auto scores = pd_scores.contiguous();
-  const auto pd = pd_bboxes.contiguous(), gt = gt_bboxes.contiguous(), anc = anc_points.contiguous();
+  // anchors of a narrower float type (checked) widen exactly
+  const auto pd = pd_bboxes.contiguous(), gt = gt_bboxes.contiguous();
+  const auto anc = anc_points.to(gt_bboxes.scalar_type()).contiguous();
   AT_DISPATCH_FLOATING_TYPES(box_t, "assign_cpu", [&] {
     using T = scalar_t;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cpu_scores", [&] {

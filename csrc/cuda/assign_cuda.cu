@@ -1,34 +1,37 @@
 // torch.ops.lucid.assign on the GPU: SPEC.md steps 1-8, bit for bit as the reference on CUDA, without any
 // (B, M, A) tensor and without host synchronisation (CUDA-graph capturable).
 //
-// Design note: the passes, what each reads and writes, and why memory stays bounded.
+// Design note: the passes, what each reads and writes, and why memory stays bounded. Seven launches per call (nine
+// with a second top-k), no memset: the host time of a call is mostly its launches.
 //
-//   prep_boxes_kernel        (B*M + B*A threads) per-box values: candidate region of each object (side floor),
-//                            atan(w/h) (HBB) or the Gaussian (OBB) of every object and prediction.
-//                            Writes B*M regions + (B*M + B*A) * 3 floats.
-//   anchor_*_kernel          an index of the anchors by a 64 x 64 grid of cells over their bounding box (A ints).
-//   candidates_topk_kernel   (one block of 256 per object row) visits the anchors of the cells under the row's
-//                            candidate region: containment, then metric and overlap of the inside ones, compacted in
-//                            index order into shared memory. Selects the row's top K over all A anchors by (metric
-//                            desc, index asc), where outside anchors have metric 0, with a radix select on
-//                            order-preserving 32-bit keys and a block scan for the ties: this is the zero fill of
-//                            DESIGN.md trap 1. Writes claims: B*M*K (anchor, metric, overlap) + B*M counts. A row
-//                            with more than kListCap candidates is appended to a list of big rows instead.
-//   big_rows_kernel          (blocks of 512 taking big rows in turn) the same selection from a bitmap of the row's
-//                            candidates and a list of (key, anchor) pairs in dynamic shared memory (A pairs when
-//                            they fit), each metric computed once; B*M row ids.
-//   count_claims_kernel      (one thread per claim) per-anchor claim counter (atomicAdd) and claimant
-//                            (atomicMax: exact when the count is 1). Writes B*A.
+//   prep_kernel              block 0: an index of the anchors by a 64 x 64 grid of cells over their bounding box
+//                            (A ints). Other blocks: clear the workspace's counters, and per object and prediction
+//                            (B*M + B*A threads) the candidate region of each object (side floor) and atan(w/h)
+//                            (HBB) or the Gaussian (OBB) of every box. Writes B*M regions + (B*M + B*A) * 3 floats.
+//   warp_rows_kernel         (one warp per object row) visits the anchors of the cells under the row's candidate
+//                            region: containment, then metric and overlap of the inside ones. A row with at most
+//                            kWarpCap candidates (most rows) ranks them among all A anchors by (metric desc,
+//                            index asc), outside anchors having metric 0 (the zero fill of DESIGN.md trap 1), and
+//                            claims its top K; a larger row goes to a list of medium rows.
+//   candidates_topk_kernel   (blocks of 256 taking medium rows from a list) the same selection from a list of up to
+//                            kListCap candidates in shared memory, with a radix select on order-preserving 32-bit
+//                            keys and a block scan for the ties. A row with more candidates goes to a list of big
+//                            rows.
+//   big_rows_kernel          (blocks of 512 taking big rows in turn) the same from a bitmap of the row's candidates
+//                            and a list of (key, anchor) pairs in dynamic shared memory (A pairs when they fit).
+//                            Every claim (B*M*K anchor, metric, overlap) also counts, per anchor, its claims
+//                            (atomicAdd) and its largest claiming slot (atomicMax: the claimant when the count is 1).
 //   resolve_claims_kernel    (one thread per anchor) count 0: background; count 1: the claimant; count > 1: appended
 //                            to a list of conflicted anchors (B*A).
 //   resolve_conflicts_kernel (one warp per conflicted anchor) the first row with the largest overlap over all M rows,
-//                            recomputed (trap 2). With the previous kernel: owner, metric, overlap, B*A each.
-//   own_list_kernel, second_topk_warp_kernel, second_topk_rows_kernel  (K2 != K) the same selection over what each
-//                            row owns (trap 3): a list of the owned anchors per row (B*M*32 ints), ranked by a warp
-//                            per row; rows owning more than 32 anchors or with non-finite metrics scan all A anchors.
-//   row_maxima_kernel        (one thread per anchor) per-row max metric / overlap / count over the final owners,
-//                            by integer atomicMax on order-preserving keys (order-independent). Writes B*M.
-//   targets_kernel / scores_kernel  the outputs; background anchors take row 0 (trap 5), scores use trap 4.
+//                            recomputed (trap 2). With the previous kernel: owner, metric, overlap, B*A each, and per
+//                            row the max metric / overlap / count of what it owns (integer atomicMax on
+//                            order-preserving keys: order-independent), or with a second top-k a list of what it owns.
+//   second_topk_warp_kernel, second_topk_rows_kernel  (K2 != K) the same selection over what each row owns (trap
+//                            3): the list (B*M*32 ints) ranked by a warp per row; rows owning more than 32 anchors
+//                            or with non-finite metrics scan all A anchors. The survivors make the row maxima.
+//   outputs_kernel           (a block per 256 anchors) the targets and the scores; background anchors take row 0
+//                            (trap 5), scores use trap 4.
 //
 // Every buffer is O(B*M*K + B*A + B*M); all come from the caching allocator on the current stream. Integer atomics
 // only; results do not depend on the order of threads. Indices into (B, A, C) and (B, M, ...) arrays are 64-bit.
@@ -85,15 +88,77 @@ struct Entry {
 // Per row, what step 8 and the second top-k need to know about non-finite metrics (geometry.h, "step 8 with
 // non-finite metrics"): whether a candidate pair has a NaN metric or overlap, and how many have an infinite metric.
 // Each candidate pair is noted exactly once, by the pass-1 kernel that computes its entry for the list.
+// An image none of whose rows is flagged cannot be poisoned (geometry.h): img_flag lets the output kernel skip the
+// rows of such images.
 struct RowNotes {
   int32_t* nan_seen;  // (B*M) 0 or 1
   int32_t* inf_cand;  // (B*M)
+  int32_t* img_flag;  // (B) 1 when a row of the image is flagged
+  int64_t M;
   template <typename T>
   __device__ void note(int64_t row, T align, T overlap) const {
-    if (align != align || overlap != overlap) nan_seen[row] = 1;
-    if (isinf(align)) atomicAdd(&inf_cand[row], 1);
+    const bool nan = align != align || overlap != overlap, inf = isinf(align);
+    if (nan) nan_seen[row] = 1;
+    if (inf) atomicAdd(&inf_cand[row], 1);
+    if (nan || inf) img_flag[row / M] = 1;
   }
   __device__ bool flagged(int64_t row) const { return nan_seen[row] || inf_cand[row]; }
+};
+
+// The claims of pass 1: row r's chosen anchors in slots r*K .. r*K+K-1 (as many as it chose), and per anchor of the
+// image the number of claims (integer atomicAdd) and the largest claiming slot (atomicMax: the claimant when the
+// count is 1).
+template <typename T>
+struct Claims {
+  int32_t* anchor;  // (B*M*K)
+  T* align;
+  T* ov;
+  int32_t* count;                // (B*A)
+  unsigned long long* claimant;  // (B*A)
+  int64_t A, M;
+  int K;
+  __device__ void put(int64_t row, int slot, const Entry<T>& e) const {
+    const int64_t i = row * K + slot;
+    anchor[i] = e.anchor;
+    align[i] = e.align;
+    ov[i] = e.overlap;
+    const int64_t p = (row / M) * A + e.anchor;
+    atomicAdd(&count[p], 1);
+    atomicMax(&claimant[p], static_cast<unsigned long long>(i));
+  }
+};
+
+// Per row, over the anchors it finally owns: the maxima of metric and overlap (integer atomicMax on order keys, so
+// order-independent), how many it owns and how many of those have an infinite metric (step 8).
+struct RowStats {
+  uint32_t* best_align;  // (B*M); key 0 ranks below every number
+  uint32_t* best_ov;
+  int32_t* owned;
+  int32_t* inf_owned;
+  __device__ void add(int64_t row, float align, float ov) const {
+    atomicMax(&best_align[row], order_key(align));
+    atomicMax(&best_ov[row], order_key(ov));
+    atomicAdd(&owned[row], 1);
+    if (isinf(align)) atomicAdd(&inf_owned[row], 1);
+  }
+};
+
+// What pass 3 records of each anchor's owner: its row statistics, or, when a second top-k follows (which decides
+// what the rows finally own), the anchor in the row's list of owned anchors (kOwnCap slots; list_n counts them all).
+constexpr int kOwnCap = 32;
+
+struct OwnerSink {
+  RowStats stats;
+  int32_t* list_n;  // (B*M), null without a second top-k
+  int32_t* list;    // (B*M*kOwnCap)
+  __device__ void add(int64_t row, int64_t a, float align, float ov) const {
+    if (list_n == nullptr) {
+      stats.add(row, align, ov);
+      return;
+    }
+    const int slot = atomicAdd(&list_n[row], 1);  // the order within a row does not matter: ranks are computed
+    if (slot < kOwnCap) list[row * kOwnCap + slot] = static_cast<int32_t>(a);
+  }
 };
 
 template <typename T>
@@ -163,7 +228,7 @@ struct Problem {
 
 // ---- per-box preparation -----------------------------------------------------------------------------------------
 // The per-row inputs as the kernels read them: valid (mask_gt != 0) and the labels as int64. float32 contiguous
-// mask_gt and gt_labels (what trainers pass) are converted here, by prep_boxes_kernel, as ATen's ne(0) and
+// mask_gt and gt_labels (what trainers pass) are converted here, by prep_kernel, as ATen's ne(0) and
 // to(int64) would; other dtypes and layouts are converted by ATen before the call (mask_f is then null).
 struct RowInputs {
   const float* mask_f;
@@ -179,14 +244,12 @@ struct RowInputs {
   }
 };
 
+// Box j of the objects (is_gt) or of the predictions: the values its overlaps need (atan(w/h) for HBB, the
+// Gaussian for OBB) and, for an object, its candidate region.
 template <typename T>
-__global__ void prep_boxes_kernel(const T* __restrict__ gt, const RowInputs rows, const T* __restrict__ pd,
-                                  int64_t n_rows, int64_t n_pred, int D, T stride_val, geom::HbbRegion<T>* hbb,
-                                  geom::ObbRegion<T>* obb, T* gprep, T* pprep) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_rows + n_pred) return;
-  const bool is_gt = i < n_rows;
-  const int64_t j = is_gt ? i : i - n_rows;
+__device__ void prep_box(const T* __restrict__ gt, const RowInputs& rows, const T* __restrict__ pd, bool is_gt,
+                         int64_t j, int D, T stride_val, geom::HbbRegion<T>* hbb, geom::ObbRegion<T>* obb, T* gprep,
+                         T* pprep) {
   bool real = false;
   if (is_gt) real = rows.convert(j);
   const T* box = (is_gt ? gt : pd) + j * D;
@@ -216,7 +279,6 @@ struct RadixState {
   uint32_t prefix;
   int k_rem;
   int n;
-  int taken;
 };
 
 template <typename T>
@@ -402,86 +464,178 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
 // ---- anchor cell index -----------------------------------------------------------------------------------------
 // Anchors are bucketed into a kCells x kCells grid over their bounding box, so that a row visits only the anchors of
 // the cells its candidate region's bounding box touches. The candidate set does not depend on the bucketing (the
-// exact containment test decides; the box is widened by a margin), and candidates are sorted by anchor index before
-// the selection, so the result is the same as a scan of all anchors.
+// exact containment test decides; the box is widened by a margin), and the selection ranks candidates by anchor
+// index wherever they tie, so the result is the same as a scan of all anchors in order.
 constexpr int kCells = 64;
+constexpr int kPrepThreads = 1024;
 
-struct CellIndex {
-  const float* bounds;     // min x, min y, max x, max y (written by anchor_bounds_kernel)
-  const int32_t* offsets;  // (kCells^2 + 1) start of each cell in `sorted`
-  const int32_t* sorted;   // (A) anchors grouped by cell
+// One axis of the grid: cell = (v - lo) * scale, clamped to [0, kCells). Multiplying by a fixed positive scale is
+// monotonic, as the containment region's bounding box needs (its cells hold every anchor between its corners).
+struct Axis {
+  float lo;
+  float scale;  // NaN: the index cannot be used (an infinite or NaN span)
 };
 
-// keys: order keys of max x, max y in keys[2], keys[3] and the complements of the keys of min x, min y in keys[0],
-// keys[1], so that all four are maxima of counters that start at zero.
-__global__ void anchor_bounds_kernel(const float* anc, int64_t A, uint32_t* keys) {
-  // NaN anchors never lie inside a box and are left out of the index
-  const int64_t a = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (a >= A) return;
-  const float x = anc[2 * a], y = anc[2 * a + 1];
-  if (x != x || y != y) return;
-  atomicMax(&keys[0], ~order_key(x));
-  atomicMax(&keys[1], ~order_key(y));
-  atomicMax(&keys[2], order_key(x));
-  atomicMax(&keys[3], order_key(y));
-}
-
-__global__ void anchor_bounds_finish_kernel(const uint32_t* keys, float* bounds) {
-  if (threadIdx.x < 4) {
-    // no finite anchor at all: every bound is NaN and the index is not used
-    bounds[threadIdx.x] = key_to_float(threadIdx.x < 2 ? ~keys[threadIdx.x] : keys[threadIdx.x]);
-  }
-}
-
-// Cell of a point along one axis; -1 when the index cannot be used (non-finite bounds).
-__device__ __forceinline__ int cell_of(float v, float lo, float hi) {
-  if (!(hi - lo < INFINITY)) return -1;
+__device__ __forceinline__ Axis make_axis(float lo, float hi) {
+  if (!(hi - lo < INFINITY)) return {lo, NAN};
   const float span = hi - lo;
-  if (!(span > 0.0f)) return 0;
-  const float f = (v - lo) / span * kCells;
+  return {lo, span > 0.0f ? kCells / span : 0.0f};
+}
+
+// Cell of a point along one axis; -1 when the index cannot be used.
+__device__ __forceinline__ int cell_of(float v, Axis ax) {
+  if (ax.scale != ax.scale) return -1;
+  const float f = (v - ax.lo) * ax.scale;
   if (!(f >= 0.0f)) return 0;  // also NaN
   return f >= kCells ? kCells - 1 : static_cast<int>(f);
 }
 
-__global__ void anchor_cells_count_kernel(const float* anc, int64_t A, const float* bounds, int32_t* counts) {
-  const int64_t a = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (a >= A) return;
-  const float x = anc[2 * a], y = anc[2 * a + 1];
-  if (x != x || y != y) return;
-  const int cx = cell_of(x, bounds[0], bounds[2]), cy = cell_of(y, bounds[1], bounds[3]);
-  if (cx < 0 || cy < 0) return;
-  atomicAdd(&counts[cy * kCells + cx], 1);
+struct CellIndex {
+  const Axis* axes;        // x, y
+  const int32_t* offsets;  // (kCells^2 + 1) start of each cell in `sorted`
+  const int32_t* sorted;   // (A) anchors grouped by cell
+};
+
+// The anchors as given: float32, or float16/bfloat16 (the peer's, under autocast), which widen to float32 exactly.
+struct AnchorsIn {
+  const void* p;
+  at::ScalarType type;
+  __device__ float2 load(int32_t a) const {
+    if (type == at::kHalf) {
+      const auto* h = static_cast<const c10::Half*>(p);
+      return make_float2(static_cast<float>(h[2 * a]), static_cast<float>(h[2 * a + 1]));
+    }
+    if (type == at::kBFloat16) {
+      const auto* h = static_cast<const c10::BFloat16*>(p);
+      return make_float2(static_cast<float>(h[2 * a]), static_cast<float>(h[2 * a + 1]));
+    }
+    const auto* f = static_cast<const float*>(p);
+    return make_float2(f[2 * a], f[2 * a + 1]);
+  }
+};
+
+__device__ __forceinline__ float warp_min_f(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_max_f(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
-__global__ void anchor_cells_scan_kernel(const int32_t* counts, int32_t* offsets, int32_t* cursor) {
-  // one block of kThreads threads, kCells^2 / kThreads cells each
-  constexpr int per = kCells * kCells / kThreads;
+// The index, built by one block of kPrepThreads threads while the other blocks of prep_kernel prepare the boxes; it
+// is on the critical path, so each anchor costs a few instructions per pass (measured on the H200 by Nsight Compute:
+// a first version with order keys and 64-bit indices kept its SM busy 50,000 cycles while the others idled). Thread
+// t takes anchors t, t + kPrepThreads, ... in every pass (it reads back only what it wrote itself):
+//   1. the float32 copy of the anchors, and the bounds of the non-NaN ones (NaN anchors never lie inside a box and
+//      are left out of the index; an infinite one makes the index unusable: every row then scans all anchors);
+//   2. each anchor's cell (kept in `cell_of_anchor`, -1 when left out) and a count per cell in shared memory;
+//   3. a block scan of the counts into offsets, and the anchors placed cell by cell (their order within a cell is
+//      that of the shared-memory atomics; nothing depends on it).
+__device__ void build_anchor_index(const AnchorsIn& in, int32_t A, float* __restrict__ anc,
+                                   int32_t* __restrict__ cell_of_anchor, Axis* axes, int32_t* offsets,
+                                   int32_t* __restrict__ sorted) {
+  constexpr int kCellCount = kCells * kCells, per = kCellCount / kPrepThreads, kWarpsHere = kPrepThreads / 32;
+  __shared__ float part[4][kWarpsHere];  // per warp: min x, min y, max x, max y
+  __shared__ Axis ax[2];
+  __shared__ int32_t cell[kCellCount];  // counts, then the cursor of each cell
+  __shared__ typename BlockScanT<kPrepThreads>::TempStorage scan_tmp;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  for (int c = tid; c < kCellCount; c += kPrepThreads) cell[c] = 0;
+  float lo_x = INFINITY, lo_y = INFINITY, hi_x = -INFINITY, hi_y = -INFINITY;
+#pragma unroll 4
+  for (int32_t a = tid; a < A; a += kPrepThreads) {
+    const float2 p = in.load(a);
+    anc[2 * a] = p.x;
+    anc[2 * a + 1] = p.y;
+    if (p.x == p.x && p.y == p.y) {
+      lo_x = fminf(lo_x, p.x);
+      lo_y = fminf(lo_y, p.y);
+      hi_x = fmaxf(hi_x, p.x);
+      hi_y = fmaxf(hi_y, p.y);
+    }
+  }
+  lo_x = warp_min_f(lo_x), lo_y = warp_min_f(lo_y), hi_x = warp_max_f(hi_x), hi_y = warp_max_f(hi_y);
+  if (lane == 0) {
+    part[0][warp] = lo_x, part[1][warp] = lo_y, part[2][warp] = hi_x, part[3][warp] = hi_y;
+  }
+  __syncthreads();
+  if (tid < 2) {
+    float lo = INFINITY, hi = -INFINITY;
+    for (int w = 0; w < kWarpsHere; ++w) lo = fminf(lo, part[tid][w]), hi = fmaxf(hi, part[tid + 2][w]);
+    // no non-NaN anchor: lo > hi, every cell 0, and the index is empty
+    ax[tid] = make_axis(lo, hi);
+    axes[tid] = ax[tid];
+  }
+  __syncthreads();
+  const Axis axx = ax[0], axy = ax[1];
+#pragma unroll 4
+  for (int32_t a = tid; a < A; a += kPrepThreads) {
+    const float x = anc[2 * a], y = anc[2 * a + 1];
+    const int cx = cell_of(x, axx), cy = cell_of(y, axy);
+    const int c = x == x && y == y && cx >= 0 && cy >= 0 ? cy * kCells + cx : -1;
+    cell_of_anchor[a] = c;
+    if (c >= 0) atomicAdd(&cell[c], 1);
+  }
+  __syncthreads();
   int local[per];
   int sum = 0;
   for (int j = 0; j < per; ++j) {
-    local[j] = counts[threadIdx.x * per + j];
+    local[j] = cell[tid * per + j];
     sum += local[j];
   }
-  __shared__ typename BlockScan::TempStorage tmp;
   int start, total;
-  BlockScan(tmp).ExclusiveSum(sum, start, total);
+  BlockScanT<kPrepThreads>(scan_tmp).ExclusiveSum(sum, start, total);
   for (int j = 0; j < per; ++j) {
-    offsets[threadIdx.x * per + j] = start;
-    cursor[threadIdx.x * per + j] = start;
+    offsets[tid * per + j] = start;
+    cell[tid * per + j] = start;
     start += local[j];
   }
-  if (threadIdx.x == kThreads - 1) offsets[kCells * kCells] = total;
+  if (tid == kPrepThreads - 1) offsets[kCellCount] = total;
+  __syncthreads();
+#pragma unroll 4
+  for (int32_t a = tid; a < A; a += kPrepThreads) {
+    const int c = cell_of_anchor[a];
+    if (c >= 0) sorted[atomicAdd(&cell[c], 1)] = a;
+  }
 }
 
-__global__ void anchor_cells_fill_kernel(const float* anc, int64_t A, const float* bounds, int32_t* cursor,
-                                         int32_t* sorted) {
-  const int64_t a = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (a >= A) return;
-  const float x = anc[2 * a], y = anc[2 * a + 1];
-  if (x != x || y != y) return;
-  const int cx = cell_of(x, bounds[0], bounds[2]), cy = cell_of(y, bounds[1], bounds[3]);
-  if (cx < 0 || cy < 0) return;
-  sorted[atomicAdd(&cursor[cy * kCells + cx], 1)] = static_cast<int32_t>(a);
+template <typename T>
+struct PrepArgs {
+  const T* gt;  // (B*M, D)
+  RowInputs rows;
+  const T* pd;  // (B*A, D)
+  AnchorsIn anc_in;
+  int64_t n_rows, n_pred, A;
+  int D;
+  T stride_val;
+  geom::HbbRegion<T>* hbb;
+  geom::ObbRegion<T>* obb;
+  T* gprep;
+  T* pprep;
+  uint4* zero;  // the counters of the workspace, cleared here
+  int64_t n_zero;
+  float* anc;  // the anchors as float32, and their index
+  int32_t* cell_of_anchor;
+  Axis* axes;
+  int32_t* offsets;
+  int32_t* sorted;
+};
+
+// The first pass: block 0 builds the anchor index while the others clear the counters and prepare every object and
+// prediction box (thread i: object row i for i < B*M, then prediction i - B*M).
+template <typename T>
+__global__ void __launch_bounds__(kPrepThreads) prep_kernel(const PrepArgs<T> p) {
+  if (blockIdx.x == 0) {
+    build_anchor_index(p.anc_in, static_cast<int32_t>(p.A), p.anc, p.cell_of_anchor, p.axes, p.offsets, p.sorted);
+    return;
+  }
+  const int64_t i = static_cast<int64_t>(blockIdx.x - 1) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x - 1) * blockDim.x;
+  for (int64_t w = i; w < p.n_zero; w += threads) p.zero[w] = make_uint4(0u, 0u, 0u, 0u);
+  if (i >= p.n_rows + p.n_pred) return;
+  const bool is_gt = i < p.n_rows;
+  prep_box(p.gt, p.rows, p.pd, is_gt, is_gt ? i : i - p.n_rows, p.D, p.stride_val, p.hbb, p.obb, p.gprep, p.pprep);
 }
 
 // Bounding box of a row's candidate region, widened so that rounding in the exact test cannot reach past it.
@@ -534,10 +688,10 @@ __device__ void sort_indices(SharedRow<T>& sh, int n) {
 }
 
 // ---- pass 1 ----------------------------------------------------------------------------------------------------
-// Three kernels by the size of the row. tiny_rows_kernel gives every row a warp: padding rows and rows with at most
-// 32 candidates (most rows) are done there; the others go to a list of medium rows for candidates_topk_kernel (a
-// block of kThreads per row, list of kListCap entries in shared memory), which passes rows with more than kListCap
-// candidates on to big_rows_kernel. Each row's claims are written by exactly one of them.
+// Three kernels by the size of the row. warp_rows_kernel gives every row a warp: padding rows and rows with at most
+// kWarpCap candidates (most rows) are done there; the others go to a list of medium rows for
+// candidates_topk_kernel (a block of kThreads per row, list of kListCap entries in shared memory), which passes rows
+// with more than kListCap candidates on to big_rows_kernel. Each row's claims are made by exactly one of them.
 
 // The cell range under a row's candidate region; false when it cannot be used (non-finite box or anchors).
 template <typename S, typename T>
@@ -545,110 +699,148 @@ __device__ bool row_cells(const Problem<S, T>& P, const CellIndex& cells, int64_
                           int& cy1) {
   T x0, y0, x1, y1;
   if (!region_bbox(P.prep, row, P.D, x0, y0, x1, y1)) return false;
-  const float* bd = cells.bounds;
-  cx0 = cell_of(x0, bd[0], bd[2]), cx1 = cell_of(x1, bd[0], bd[2]);
-  cy0 = cell_of(y0, bd[1], bd[3]), cy1 = cell_of(y1, bd[1], bd[3]);
+  const Axis ax = cells.axes[0], ay = cells.axes[1];
+  cx0 = cell_of(x0, ax), cx1 = cell_of(x1, ax);
+  cy0 = cell_of(y0, ay), cy1 = cell_of(y1, ay);
   return cx0 >= 0 && cy0 >= 0 && cx1 >= 0 && cy1 >= 0;
 }
 
-constexpr int kTinyWarps = kThreads / 32;
+constexpr int kWarps = kThreads / 32;
+constexpr int kWarpCap = 64;  // candidates of a row ranked by one warp (its time grows as their square)
+constexpr int kSlots = kWarpCap / 32;
 
-// Rank of this lane's entry among all A anchors by (key desc, index asc), where the A - n anchors without an entry
-// have the zero key. Lanes 0..n-1 hold the n entries (n <= 32, the same in all lanes); all 32 lanes call it.
-__device__ __forceinline__ int64_t warp_rank(uint32_t key, int64_t anchor, bool has, int n, int64_t A) {
-  const int n_pos = __popc(__ballot_sync(0xffffffffu, has && key > kZeroKey));
-  const int n_nonzero = __popc(__ballot_sync(0xffffffffu, has && key != kZeroKey));
-  int64_t before = 0;  // explicit entries ranked ahead of this one (positive / negative keys), or non-zero entries
-                       // with a lower index (zero key)
+// Ranks among all A anchors by (key desc, index asc) of a row's explicit entries, where the A - n anchors without an
+// entry have the zero key. The n entries (n the same in all lanes) are keys[j], anchors[j] (shared memory); lane l
+// holds entries l, l + 32, ... (kS of them at most) in key[s], anchor[s], and gets their ranks in rank[s] (slots
+// past n are left alone). All 32 lanes call it. Each rank counts the entries ranked ahead among the n: O(n^2 / 32)
+// steps a lane, one after another, which is why rows beyond kWarpCap go to a block (measured on the H200 with a cap
+// of 256: ~110 us for a row of a few hundred candidates, against 10-15 us for 32).
+template <int kS>
+__device__ __forceinline__ void list_ranks(const uint32_t (&key)[kS], const int32_t (&anchor)[kS],
+                                           const uint32_t* keys, const int32_t* anchors, int n, int64_t A,
+                                           int64_t (&rank)[kS]) {
+  const int lane = threadIdx.x % 32;
+  int n_pos = 0, n_nonzero = 0, before[kS];
+#pragma unroll
+  for (int s = 0; s < kS; ++s) {
+    const bool has = s * 32 + lane < n;
+    n_pos += __popc(__ballot_sync(0xffffffffu, has && key[s] > kZeroKey));
+    n_nonzero += __popc(__ballot_sync(0xffffffffu, has && key[s] != kZeroKey));
+    before[s] = 0;  // explicit entries ranked ahead (positive / negative keys), or non-zero entries with a lower
+                    // index (zero key)
+  }
   for (int j = 0; j < n; ++j) {
-    const uint32_t kj = __shfl_sync(0xffffffffu, key, j);
-    const int64_t aj = __shfl_sync(0xffffffffu, anchor, j);
-    if (key == kZeroKey) {
-      before += kj != kZeroKey && aj < anchor;
-    } else if ((key > kZeroKey) == (kj > kZeroKey) && kj != kZeroKey) {
-      before += kj > key || (kj == key && aj < anchor);
+    const uint32_t kj = keys[j];
+    const int32_t aj = anchors[j];
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      if (s * 32 >= n) break;  // the same in all lanes
+      if (key[s] == kZeroKey) {
+        before[s] += kj != kZeroKey && aj < anchor[s];
+      } else if ((key[s] > kZeroKey) == (kj > kZeroKey) && kj != kZeroKey) {
+        before[s] += kj > key[s] || (kj == key[s] && aj < anchor[s]);
+      }
     }
   }
-  if (key > kZeroKey) return before;
-  if (key == kZeroKey) return n_pos + anchor - before;
-  return n_pos + (A - n_nonzero) + before;
+#pragma unroll
+  for (int s = 0; s < kS; ++s) {
+    if (key[s] > kZeroKey) rank[s] = before[s];
+    else if (key[s] == kZeroKey) rank[s] = n_pos + static_cast<int64_t>(anchor[s]) - before[s];
+    else rank[s] = n_pos + (A - n_nonzero) + before[s];
+  }
 }
 
 template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads) tiny_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
-                                                               int32_t* claim_n, int32_t* claim_anchor, T* claim_align,
-                                                               T* claim_ov, int32_t* medium_rows, int32_t* medium_n) {
-  __shared__ int32_t found[kTinyWarps][32];
+__global__ void __launch_bounds__(kThreads) warp_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
+                                                               Claims<T> claims, int32_t* medium_rows,
+                                                               int32_t* medium_n) {
+  // each warp's row: its candidates' anchors (in the order found) and their metric keys, metrics and overlaps
+  __shared__ int32_t s_anchor[kWarps][kWarpCap];
+  __shared__ uint32_t s_key[kWarps][kWarpCap];
+  __shared__ T s_align[kWarps][kWarpCap];
+  __shared__ T s_ov[kWarps][kWarpCap];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kTinyWarps + warp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (row >= P.B * P.M) return;  // whole warps
-  if (!P.valid[row]) {
-    if (lane == 0) claim_n[row] = 0;
-    return;
-  }
+  if (!P.valid[row]) return;
   // every real row passes here: the device-side check of its label (no host synchronisation)
   CUDA_KERNEL_ASSERT(P.labels[row] >= 0 && P.labels[row] < P.C &&
                      "gt_labels: a real object (mask_gt != 0) has a label outside [0, num_classes)");
   const int64_t b = row / P.M;
   int cx0, cy0, cx1, cy1;
   int n = 0;  // candidates found (same in all lanes)
-  bool small = row_cells(P, cells, row, cx0, cy0, cx1, cy1);
-  for (int cy = cy0; small && cy <= cy1; ++cy) {
+  bool fits = row_cells(P, cells, row, cx0, cy0, cx1, cy1);
+  for (int cy = cy0; fits && cy <= cy1; ++cy) {
     const int begin = cells.offsets[cy * kCells + cx0], end = cells.offsets[cy * kCells + cx1 + 1];
-    for (int j0 = begin; small && j0 < end; j0 += 32) {
+    for (int j0 = begin; fits && j0 < end; j0 += 32) {
       const int j = j0 + lane;
       const int32_t a = j < end ? cells.sorted[j] : 0;
       const bool in = j < end && P.contains(row, a);
       const unsigned m = __ballot_sync(0xffffffffu, in);
       const int slot = n + __popc(m & ((1u << lane) - 1u));
-      if (in && slot < 32) found[warp][slot] = a;
+      if (in && slot < kWarpCap) s_anchor[warp][slot] = a;
       n += __popc(m);
-      small = n <= 32;
+      fits = n <= kWarpCap;
     }
   }
-  if (!small) {
+  if (!fits) {
     if (lane == 0) medium_rows[atomicAdd(medium_n, 1)] = static_cast<int32_t>(row);
     return;
   }
   __syncwarp();
-  // lane i holds candidate i; its rank among all A anchors by (key desc, index asc), where the A - n others have
-  // the zero key, decides whether it is among the K chosen
-  const bool has = lane < n;
-  Entry<T> e{};
-  if (has) {
-    e = P.entry(row, b, found[warp][lane]);
-    notes.note(row, e.align, e.overlap);
+  uint32_t key[kSlots];
+  int32_t anchor[kSlots];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int i = s * 32 + lane;
+    key[s] = 0u;
+    anchor[s] = 0;
+    if (i < n) {
+      const Entry<T> e = P.entry(row, b, s_anchor[warp][i]);
+      notes.note(row, e.align, e.overlap);
+      key[s] = s_key[warp][i] = e.key;
+      anchor[s] = e.anchor;
+      s_align[warp][i] = e.align;
+      s_ov[warp][i] = e.overlap;
+    }
   }
-  const uint32_t key = has ? e.key : 0u;
-  const int64_t rank = warp_rank(key, has ? e.anchor : 0, has, n, P.A);
-  const bool chosen = has && rank < P.K;
-  const unsigned chosen_lanes = __ballot_sync(0xffffffffu, chosen);
-  if (chosen) {
-    const int64_t slot = row * P.K + __popc(chosen_lanes & ((1u << lane) - 1u));
-    claim_anchor[slot] = e.anchor;
-    claim_align[slot] = e.align;
-    claim_ov[slot] = e.overlap;
+  __syncwarp();
+  // each candidate's rank among all A anchors decides whether it is among the K chosen
+  int64_t rank[kSlots];
+  list_ranks<kSlots>(key, anchor, s_key[warp], s_anchor[warp], n, P.A, rank);
+  int taken = 0;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int i = s * 32 + lane;
+    const bool chosen = i < n && rank[s] < P.K;
+    const unsigned chosen_lanes = __ballot_sync(0xffffffffu, chosen);
+    if (chosen) {
+      claims.put(row, taken + __popc(chosen_lanes & ((1u << lane) - 1u)),
+                 Entry<T>{s_align[warp][i], s_ov[warp][i], anchor[s], key[s]});
+    }
+    taken += __popc(chosen_lanes);
   }
-  if (lane == 0) claim_n[row] = __popc(chosen_lanes);
 }
 
 template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
-                                                                     const int32_t* medium_rows,
-                                                                     const int32_t* medium_n, int32_t* claim_n,
-                                                                     int32_t* claim_anchor, T* claim_align,
-                                                                     T* claim_ov, int32_t* big_rows, int32_t* big_n) {
+__global__ void __launch_bounds__(kThreads, 4) candidates_topk_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
+                                                                     Claims<T> claims, const int32_t* medium_rows,
+                                                                     const int32_t* medium_n, int32_t* medium_next,
+                                                                     int32_t* big_rows, int32_t* big_n) {
   __shared__ SharedRow<T> sh;
   __shared__ typename BlockScan::TempStorage scan_tmp;
+  __shared__ int next;
   const int n_medium = *medium_n;
-  for (int r = blockIdx.x; r < n_medium; r += gridDim.x) {
-    const int64_t row = medium_rows[r];
-    const int64_t b = row / P.M;
+  for (;;) {
+    // the next row of the list: a block done with a small row takes another while others work on big ones
     if (threadIdx.x == 0) {
+      next = atomicAdd(medium_next, 1);
       sh.n = 0;
-      sh.taken = 0;
     }
     __syncthreads();
+    if (next >= n_medium) break;
+    const int64_t row = medium_rows[next];
+    const int64_t b = row / P.M;
     int count = 0;  // candidates of the row (same in all threads)
     int cx0, cy0, cx1, cy1;
     if (row_cells(P, cells, row, cx0, cy0, cx1, cy1)) {
@@ -700,26 +892,15 @@ __global__ void __launch_bounds__(kThreads) candidates_topk_kernel(Problem<S, T>
       if (threadIdx.x == 0) sh.n = count < kListCap ? count : kListCap;
       __syncthreads();
     }
-    const int k = P.K;
-    int32_t* anchors = claim_anchor + row * k;
-    T* al = claim_align + row * k;
-    T* ov = claim_ov + row * k;
-    auto take = [&](const Entry<T>& e, int slot) {
-      anchors[slot] = e.anchor;
-      al[slot] = e.align;
-      ov[slot] = e.overlap;
-      atomicMax(&sh.taken, slot + 1);
-    };
+    auto take = [&](const Entry<T>& e, int slot) { claims.put(row, slot, e); };
     if (count <= kListCap) {
       ListSource<T> src{&sh};
-      select_row<kThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
+      select_row<kThreads, T>(src, count, P.A, P.K, sh, scan_tmp, take);
     } else {
       RecomputeSource<S, T> src{&P, row, b};
-      select_row<kThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
+      select_row<kThreads, T>(src, count, P.A, P.K, sh, scan_tmp, take);
     }
-    __syncthreads();
-    if (threadIdx.x == 0) claim_n[row] = sh.taken;
-    __syncthreads();
+    __syncthreads();  // shared memory is reused by the next row
   }
 }
 
@@ -749,9 +930,8 @@ inline int64_t big_row_smem(int64_t A, int64_t cap) { return ((A + 31) / 32) * 4
 
 template <typename S, typename T>
 __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes,
-                                                                    const int32_t* big_rows,
-                                                                 const int32_t* big_n, int64_t cap, int32_t* claim_n,
-                                                                 int32_t* claim_anchor, T* claim_align, T* claim_ov) {
+                                                                    Claims<T> claims, const int32_t* big_rows,
+                                                                    const int32_t* big_n, int64_t cap) {
   extern __shared__ __align__(16) unsigned char dyn[];
   const bool use_bits = cap >= 0;  // false: not even the bitmap fits in shared memory
   const int64_t n_words = use_bits ? (P.A + 31) / 32 : 0;
@@ -765,10 +945,7 @@ __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> 
     const int64_t row = big_rows[r];
     const int64_t b = row / P.M;
     for (int64_t w = threadIdx.x; w < n_words; w += blockDim.x) bits[w] = 0u;
-    if (threadIdx.x == 0) {
-      sh.n = 0;
-      sh.taken = 0;
-    }
+    if (threadIdx.x == 0) sh.n = 0;
     __syncthreads();
     // the candidates, through the cells (candidates_topk_kernel found the cell range usable)
     int cx0, cy0, cx1, cy1;
@@ -788,16 +965,8 @@ __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> 
     __syncthreads();
     const int64_t count = sh.n;
     const int k = P.K;
-    int32_t* out_anchor = claim_anchor + row * k;
-    T* out_align = claim_align + row * k;
-    T* out_ov = claim_ov + row * k;
-    auto take = [&](const Entry<T>& e, int slot) {
-      const Entry<T> full = P.entry(row, b, e.anchor);
-      out_anchor[slot] = full.anchor;
-      out_align[slot] = full.align;
-      out_ov[slot] = full.overlap;
-      atomicMax(&sh.taken, slot + 1);
-    };
+    // the list holds keys only: the chosen entries are recomputed
+    auto take = [&](const Entry<T>& e, int slot) { claims.put(row, slot, P.entry(row, b, e.anchor)); };
     if (use_bits && count <= cap) {
       // compact in anchor order: each thread takes consecutive words, a block scan gives its first position
       const int64_t per = (n_words + blockDim.x - 1) / blockDim.x;
@@ -844,38 +1013,20 @@ __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> 
         }
       }
       RecomputeSource<S, T> src{&P, row, b};
-      select_row<kBigThreads, T>(src, count, P.A, k, sh, scan_tmp, [&](const Entry<T>& e, int slot) {
-        out_anchor[slot] = e.anchor;
-        out_align[slot] = e.align;
-        out_ov[slot] = e.overlap;
-        atomicMax(&sh.taken, slot + 1);
-      });
+      select_row<kBigThreads, T>(src, count, P.A, k, sh, scan_tmp,
+                                 [&](const Entry<T>& e, int slot) { claims.put(row, slot, e); });
     }
-    __syncthreads();
-    if (threadIdx.x == 0) claim_n[row] = sh.taken;
-    __syncthreads();
+    __syncthreads();  // shared memory is reused by the next row
   }
 }
 
 // ---- passes 2-3 ------------------------------------------------------------------------------------------------
-template <typename T>
-__global__ void count_claims_kernel(const int32_t* claim_n, const int32_t* claim_anchor, int64_t n_rows, int64_t M,
-                                    int64_t A, int k, int32_t* count, unsigned long long* claimant) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_rows * k) return;
-  const int64_t row = i / k, slot = i % k;
-  if (slot >= claim_n[row]) return;
-  const int64_t idx = (row / M) * A + claim_anchor[i];
-  atomicAdd(&count[idx], 1);
-  atomicMax(&claimant[idx], static_cast<unsigned long long>(i));
-}
-
-// One thread per anchor: an anchor claimed once takes its claimant; an anchor claimed several times is appended to
-// `conflicts` for resolve_conflicts_kernel.
+// (The claims were counted per anchor as pass 1 made them.) One thread per anchor: an anchor claimed once takes its
+// claimant; an anchor claimed several times is appended to `conflicts` for resolve_conflicts_kernel.
 template <typename T>
 __global__ void resolve_claims_kernel(int64_t n, int64_t A, int64_t M, int k, const int32_t* count,
                                       const unsigned long long* claimant, const T* claim_align, const T* claim_ov,
-                                      int64_t* owner, T* own_align, T* own_ov, int64_t* conflicts,
+                                      OwnerSink sink, int64_t* owner, T* own_align, T* own_ov, int64_t* conflicts,
                                       unsigned long long* n_conf) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -886,9 +1037,11 @@ __global__ void resolve_claims_kernel(int64_t n, int64_t A, int64_t M, int k, co
     own_ov[i] = T(0);
   } else if (c == 1) {
     const int64_t slot = static_cast<int64_t>(claimant[i]);
-    owner[i] = slot / k - (i / A) * M;
+    const int64_t row = slot / k;
+    owner[i] = row - (i / A) * M;
     own_align[i] = claim_align[slot];
     own_ov[i] = claim_ov[slot];
+    sink.add(row, i % A, own_align[i], own_ov[i]);
   } else {
     conflicts[atomicAdd(n_conf, 1ull)] = i;
   }
@@ -900,7 +1053,7 @@ __global__ void resolve_claims_kernel(int64_t n, int64_t A, int64_t M, int k, co
 // warp, so the order of the list does not matter.
 template <typename S, typename T>
 __global__ void resolve_conflicts_kernel(Problem<S, T> P, const int64_t* conflicts, const int64_t* n_conf,
-                                         int64_t* owner, T* own_align, T* own_ov) {
+                                         OwnerSink sink, int64_t* owner, T* own_align, T* own_ov) {
   const int lane = threadIdx.x % 32;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   const int64_t n = *n_conf;
@@ -939,35 +1092,27 @@ __global__ void resolve_conflicts_kernel(Problem<S, T> P, const int64_t* conflic
       owner[i] = best;
       own_ov[i] = best_v;
       own_align[i] = P.candidate(row, a) ? P.align(row, i, best_v) : T(0);
+      sink.add(row, a, own_align[i], best_v);
     }
   }
 }
 
 // ---- pass 4 ----------------------------------------------------------------------------------------------------
-// The second top-k (K2 != K) ranks, per row, what the row owns after the conflicts (trap 3). own_list_kernel lists
-// each row's owned anchors (kOwnCap of them at most; own_n counts them all); second_topk_warp_kernel ranks the
-// lists of rows that own at most kOwnCap anchors and have only finite metrics, a warp each, and passes the other
-// rows to second_topk_rows_kernel, which scans all A anchors per row.
-constexpr int kOwnCap = 32;
-
-__global__ void own_list_kernel(const int64_t* owner, int64_t B, int64_t M, int64_t A, int32_t* own_n,
-                                int32_t* own_list) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= B * A) return;
-  const int64_t m = owner[i];
-  if (m < 0) return;
-  const int64_t row = (i / A) * M + m;
-  const int slot = atomicAdd(&own_n[row], 1);  // the order within a row does not matter: ranks are computed
-  if (slot < kOwnCap) own_list[row * kOwnCap + slot] = static_cast<int32_t>(i % A);
-}
-
+// The second top-k (K2 != K) ranks, per row, what the row owns after the conflicts (trap 3), from the lists of owned
+// anchors pass 3 made: second_topk_warp_kernel ranks the lists of rows that own at most kOwnCap anchors and have only
+// finite metrics, a warp each, and passes the other rows to second_topk_rows_kernel, which scans all A anchors per
+// row. The survivors are marked in `keep` and go into the row statistics; the owner array is left as it is (the
+// output kernel reads `keep`), so no row's scan sees another row's result.
 template <typename S, typename T>
 __global__ void __launch_bounds__(kThreads) second_topk_warp_kernel(Problem<S, T> P, RowNotes notes,
                                                                       const int32_t* own_n, const int32_t* own_list,
-                                                                      const T* own_align, int k2, int32_t* keep,
+                                                                      const T* own_align, const T* own_ov, int k2,
+                                                                      int32_t* keep, RowStats stats,
                                                                       int32_t* slow_rows, int32_t* slow_n) {
-  const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kTinyWarps + threadIdx.x / 32;
+  __shared__ uint32_t s_key[kWarps][kOwnCap];
+  __shared__ int32_t s_anchor[kWarps][kOwnCap];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (row >= P.B * P.M) return;  // whole warps
   const int n = own_n[row];
   if (n == 0) return;
@@ -977,16 +1122,26 @@ __global__ void __launch_bounds__(kThreads) second_topk_warp_kernel(Problem<S, T
   }
   const int64_t b = row / P.M;
   const bool has = lane < n;
-  const int64_t anchor = has ? own_list[row * kOwnCap + lane] : 0;
-  const uint32_t key = has ? order_key(own_align[b * P.A + anchor]) : 0u;
-  if (has && warp_rank(key, anchor, has, n, P.A) < k2) keep[b * P.A + anchor] = 1;
+  int32_t anchor[1] = {has ? own_list[row * kOwnCap + lane] : 0};
+  const int64_t p = b * P.A + anchor[0];
+  uint32_t key[1] = {has ? order_key(own_align[p]) : 0u};
+  s_key[warp][lane] = key[0];
+  s_anchor[warp][lane] = anchor[0];
+  __syncwarp();
+  int64_t rank[1];
+  list_ranks<1>(key, anchor, s_key[warp], s_anchor[warp], n, P.A, rank);
+  if (has && rank[0] < k2) {
+    keep[p] = 1;
+    stats.add(row, own_align[p], own_ov[p]);
+  }
 }
 
 template <typename S, typename T>
 __global__ void __launch_bounds__(kThreads) second_topk_rows_kernel(Problem<S, T> P, RowNotes notes,
                                                                       const int64_t* owner, const T* own_align,
                                                                       const T* own_ov, int k2, int32_t* keep,
-                                                                      const int32_t* rows, const int32_t* n_rows) {
+                                                                      RowStats stats, const int32_t* rows,
+                                                                      const int32_t* n_rows) {
   const int64_t M = P.M, A = P.A;
   __shared__ SharedRow<T> sh;
   __shared__ typename BlockScan::TempStorage scan_tmp;
@@ -1008,87 +1163,103 @@ __global__ void __launch_bounds__(kThreads) second_topk_rows_kernel(Problem<S, T
     const int all = BlockReduce(reduce_tmp).Sum(mine);
     if (threadIdx.x == 0) n_explicit = all;
     __syncthreads();
-    // survivors are flagged in `keep` (only anchors the row owns); the owner array is updated by row_maxima_kernel,
-    // so no block reads a changed value
+    // survivors: only anchors the row owns (the others take places without being kept)
     select_row<kThreads, T>(src, n_explicit, A, k2, sh, scan_tmp, [&](const Entry<T>& e, int) {
-      if (own[e.anchor] == m) keep[b * A + e.anchor] = 1;
+      if (own[e.anchor] == m) {
+        keep[b * A + e.anchor] = 1;
+        stats.add(row, e.align, e.overlap);
+      }
     });
     __syncthreads();  // shared memory is reused by the next row
   }
 }
 
 // ---- pass 5 ----------------------------------------------------------------------------------------------------
-// With `keep` (the second top-k's survivors), the owned anchors not kept become background first.
+// The outputs, a block per kThreads consecutive anchors of the (B, A) grid: first whether each image the block
+// touches is poisoned (geometry.h; only images with a flagged row need their rows read), then per anchor its target
+// label, box, index and normalised metric (background anchors take row 0: trap 5), then the block's stretch of the
+// scores, written in order: one-hot * norm (trap 4).
 template <typename T>
-__global__ void row_maxima_kernel(int64_t* owner, const int32_t* keep, const T* own_align, const T* own_ov, int64_t B,
-                                  int64_t M, int64_t A, uint32_t* best_align, uint32_t* best_ov, int32_t* owned,
-                                  int32_t* inf_owned) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= B * A) return;
-  const int64_t m = owner[i];
-  if (m < 0) return;
-  if (keep != nullptr && !keep[i]) {
-    owner[i] = -1;
-    return;
-  }
-  const int64_t row = (i / A) * M + m;
-  atomicMax(&best_align[row], order_key(own_align[i]));
-  atomicMax(&best_ov[row], order_key(own_ov[i]));
-  atomicAdd(&owned[row], 1);
-  if (isinf(own_align[i])) atomicAdd(&inf_owned[row], 1);
-}
-
-// Per row: poisoned rows (geometry.h) make every normalised metric of their image NaN.
-__global__ void poison_kernel(RowNotes notes, const int32_t* inf_owned, int64_t n_rows, int64_t M, int32_t* poisoned) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= n_rows) return;
-  if (geom::row_poisoned(notes.nan_seen[row] != 0, notes.inf_cand[row], inf_owned[row])) poisoned[row / M] = 1;
-}
-
-// ---- pass 6 ----------------------------------------------------------------------------------------------------
-template <typename T>
-__global__ void targets_kernel(const int64_t* owner, const T* own_align, const uint32_t* best_align,
-                               const uint32_t* best_ov, const int32_t* owned, const int64_t* labels, const T* gt,
-                               const int32_t* poisoned, int64_t B, int64_t M, int64_t A, int D, T eps,
-                               int64_t* out_labels, T* out_boxes, bool* out_fg, int64_t* out_idx, T* norm_out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= B * A) return;
-  const int64_t b = i / A;
-  const int64_t m = owner[i];
-  const bool fg = m >= 0;
-  const int64_t idx = fg ? m : 0;
-  const int64_t row = b * M + idx;
-  out_fg[i] = fg;
-  out_idx[i] = idx;
-  const int64_t label = labels[row];
-  out_labels[i] = label < 0 ? 0 : label;
-  for (int d = 0; d < D; ++d) out_boxes[i * D + d] = gt[row * D + d];
-  T norm = T(0);
-  if (poisoned[b]) {
-    norm = __int_as_float(0x7fc00000);
-  } else if (fg) {
-    // maxima over the row: the owned anchors, and 0 from the others when the row does not own all A
-    const bool has_zero = owned[row] < A;
-    T pa = static_cast<T>(key_to_float(best_align[row]));
-    T po = static_cast<T>(key_to_float(best_ov[row]));
-    if (has_zero) {
-      pa = geom::max_(pa, T(0));
-      po = geom::max_(po, T(0));
-    }
-    norm = geom::div(geom::mul(own_align[i], po), geom::add(pa, eps));
-    if (M > 1) norm = geom::max_(norm, T(0));  // every other row contributes 0 to the maximum over rows
-  }
-  norm_out[i] = norm;
-}
+struct OutputArgs {
+  const int64_t* owner;
+  const int32_t* keep;  // the second top-k's survivors, or null
+  const T* own_align;
+  RowStats stats;
+  RowNotes notes;
+  const int64_t* labels;
+  const T* gt;
+  int64_t B, M, A, C;
+  int D;
+  T eps;
+  int64_t* out_labels;
+  T* out_boxes;
+  T* out_scores;
+  bool* out_fg;
+  int64_t* out_idx;
+};
 
 template <typename T, typename I>
-__global__ void scores_kernel(const bool* fg, const int64_t* labels, const T* norm, I n_anchor_rows, I C, T* scores) {
-  const I total = n_anchor_rows * C;
-  for (I j = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; j < total;
-       j += static_cast<I>(gridDim.x) * blockDim.x) {
-    const I i = j / C, c = j % C;
+__global__ void __launch_bounds__(kThreads) outputs_kernel(const OutputArgs<T> o) {
+  __shared__ int s_poisoned[kThreads];  // per image the block touches, from the first
+  __shared__ int64_t s_label[kThreads];
+  __shared__ T s_norm[kThreads];
+  __shared__ bool s_fg[kThreads];
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kThreads;
+  const int64_t left = o.B * o.A - i0;
+  const int n_here = left < kThreads ? static_cast<int>(left) : kThreads;
+  const int64_t b0 = i0 / o.A, b1 = (i0 + n_here - 1) / o.A;  // at most kThreads images
+  for (int64_t b = b0; b <= b1; ++b) {
+    int poisoned = 0;
+    if (o.notes.img_flag[b]) {  // the same in all threads
+      int mine = 0;
+      for (int64_t row = b * o.M + threadIdx.x; row < (b + 1) * o.M; row += kThreads) {
+        mine |= geom::row_poisoned(o.notes.nan_seen[row] != 0, o.notes.inf_cand[row], o.stats.inf_owned[row]);
+      }
+      poisoned = __syncthreads_or(mine);
+    }
+    if (threadIdx.x == 0) s_poisoned[b - b0] = poisoned;
+  }
+  __syncthreads();
+  if (threadIdx.x < n_here) {
+    const int64_t i = i0 + threadIdx.x;
+    const int64_t b = i / o.A;
+    int64_t m = o.owner[i];
+    if (m >= 0 && o.keep != nullptr && !o.keep[i]) m = -1;
+    const bool fg = m >= 0;
+    const int64_t idx = fg ? m : 0;
+    const int64_t row = b * o.M + idx;
+    o.out_fg[i] = fg;
+    o.out_idx[i] = idx;
+    const int64_t label = o.labels[row] < 0 ? 0 : o.labels[row];
+    o.out_labels[i] = label;
+    for (int d = 0; d < o.D; ++d) o.out_boxes[i * o.D + d] = o.gt[row * o.D + d];
+    T norm = T(0);
+    if (s_poisoned[b - b0]) {
+      norm = __int_as_float(0x7fc00000);
+    } else if (fg) {
+      // maxima over the row: the owned anchors, and 0 from the others when the row does not own all A
+      const bool has_zero = o.stats.owned[row] < o.A;
+      T pa = static_cast<T>(key_to_float(o.stats.best_align[row]));
+      T po = static_cast<T>(key_to_float(o.stats.best_ov[row]));
+      if (has_zero) {
+        pa = geom::max_(pa, T(0));
+        po = geom::max_(po, T(0));
+      }
+      norm = geom::div(geom::mul(o.own_align[i], po), geom::add(pa, o.eps));
+      if (o.M > 1) norm = geom::max_(norm, T(0));  // every other row contributes 0 to the maximum over rows
+    }
+    s_label[threadIdx.x] = label;
+    s_norm[threadIdx.x] = norm;
+    s_fg[threadIdx.x] = fg;
+  }
+  __syncthreads();
+  // I: the index type within the block's stretch of n_here * C scores
+  const I C = static_cast<I>(o.C), total = static_cast<I>(n_here) * C;
+  T* scores = o.out_scores + i0 * o.C;
+  for (I j = threadIdx.x; j < total; j += kThreads) {
+    const I li = j / C, c = j % C;
     // one-hot * norm: off the label 0 * norm, which is NaN when norm is not finite
-    scores[j] = (fg[i] && labels[i] == c) ? norm[i] : geom::mul(T(0), norm[i]);
+    scores[j] = (s_fg[li] && s_label[li] == c) ? s_norm[li] : geom::mul(T(0), s_norm[li]);
   }
 }
 
@@ -1114,37 +1285,33 @@ class Layout {
 // The working buffers of one call: O(B*M*K + B*A + B*M) in all.
 template <typename T>
 struct Workspace {
-  // start at zero
-  uint32_t* bound_keys;
-  int32_t* cell_counts;
+  // start at zero (cleared by prep_kernel: the first zero_words 16-byte words)
   int32_t* medium_n;
+  int32_t* medium_next;
   int32_t* big_n;
+  int32_t* slow_n;
   unsigned long long* n_conf;
   int32_t* count;                // claims per anchor (B*A)
   unsigned long long* claimant;  // (B*A)
   int32_t* keep;                 // second top-k survivors (B*A), when topk2 != topk
   int32_t* own_n;                // owned anchors per row (B*M), when topk2 != topk
-  int32_t* slow_n;
-  uint32_t* best_align;          // per-row maxima keys (B*M); 0 ranks below every number
-  uint32_t* best_ov;
-  int32_t* owned;
-  int32_t* nan_seen;   // per row (RowNotes)
+  RowStats stats;                // (B*M) each
+  int32_t* nan_seen;             // (B*M) RowNotes
   int32_t* inf_cand;
-  int32_t* inf_owned;  // per row: owned anchors with an infinite metric
-  int32_t* poisoned;   // per image
-  int64_t zero_bytes;
+  int32_t* img_flag;             // (B)
+  int64_t zero_words;
   // written before being read
   uint8_t* regions;
   T* gprep;
   T* pprep;
-  T* bounds;
+  float* anc;           // (A, 2) the anchors as float32
+  int32_t* cell_of_anchor;  // (A)
+  Axis* axes;
   int32_t* cell_offsets;
-  int32_t* cell_cursor;
   int32_t* cell_sorted;
-  int32_t* claim_n;
   int32_t* medium_rows;
   int32_t* big_rows;
-  bool* valid;          // (B*M) mask_gt != 0, when converted by prep_boxes_kernel
+  bool* valid;          // (B*M) mask_gt != 0, when converted by prep_kernel
   int64_t* labels;      // (B*M) likewise
   int32_t* own_list;   // (B*M*kOwnCap), when topk2 != topk
   int32_t* slow_rows;  // (B*M), when topk2 != topk
@@ -1155,36 +1322,34 @@ struct Workspace {
   int64_t* owner;
   T* own_align;
   T* own_ov;
-  T* norm;
 
   void carve(Layout& L, int64_t B, int64_t A, int64_t M, int64_t K, bool second, int64_t D) {
-    bound_keys = L.take<uint32_t>(4);
-    cell_counts = L.take<int32_t>(kCells * kCells);
     medium_n = L.take<int32_t>(1);
+    medium_next = L.take<int32_t>(1);
     big_n = L.take<int32_t>(1);
+    slow_n = L.take<int32_t>(1);
     n_conf = L.take<unsigned long long>(1);
     count = L.take<int32_t>(B * A);
     claimant = L.take<unsigned long long>(B * A);
     keep = L.take<int32_t>(second ? B * A : 0);
     own_n = L.take<int32_t>(second ? B * M : 0);
-    slow_n = L.take<int32_t>(1);
-    best_align = L.take<uint32_t>(B * M);
-    best_ov = L.take<uint32_t>(B * M);
-    owned = L.take<int32_t>(B * M);
+    stats.best_align = L.take<uint32_t>(B * M);
+    stats.best_ov = L.take<uint32_t>(B * M);
+    stats.owned = L.take<int32_t>(B * M);
+    stats.inf_owned = L.take<int32_t>(B * M);
     nan_seen = L.take<int32_t>(B * M);
     inf_cand = L.take<int32_t>(B * M);
-    inf_owned = L.take<int32_t>(B * M);
-    poisoned = L.take<int32_t>(B);
-    zero_bytes = L.size();
+    img_flag = L.take<int32_t>(B);
+    zero_words = (L.size() + 15) / 16;  // the next buffer starts past them (take aligns to 16)
     regions = L.take<uint8_t>(B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
                                                                  : sizeof(geom::ObbRegion<T>)));
     gprep = L.take<T>(B * M * 3);
     pprep = L.take<T>(B * A * 3);
-    bounds = L.take<T>(4);
+    anc = L.take<float>(A * 2);
+    cell_of_anchor = L.take<int32_t>(A);
+    axes = L.take<Axis>(2);
     cell_offsets = L.take<int32_t>(kCells * kCells + 1);
-    cell_cursor = L.take<int32_t>(kCells * kCells);
     cell_sorted = L.take<int32_t>(A);
-    claim_n = L.take<int32_t>(B * M);
     medium_rows = L.take<int32_t>(B * M);
     big_rows = L.take<int32_t>(B * M);
     valid = L.take<bool>(B * M);
@@ -1198,7 +1363,6 @@ struct Workspace {
     owner = L.take<int64_t>(B * A);
     own_align = L.take<T>(B * A);
     own_ov = L.take<T>(B * A);
-    norm = L.take<T>(B * A);
   }
 };
 
@@ -1298,7 +1462,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   if (B * A == 0) return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
   const auto stream = at::cuda::getCurrentCUDAStream();
   const bool pow_wide = scores_pow_in_float32();  // set by the autocast kernel for float16/bfloat16 scores
-  // float32 contiguous mask and labels are converted by prep_boxes_kernel; others by ATen here
+  // float32 contiguous mask and labels are converted by prep_kernel; others by ATen here
   const bool rows_in_kernel = mask_gt.scalar_type() == at::kFloat && gt_labels.scalar_type() == at::kFloat &&
                               mask_gt.is_contiguous() && gt_labels.is_contiguous();
   at::Tensor valid_t, labels_t;
@@ -1307,66 +1471,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     labels_t = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
   }
   const auto scores = pd_scores.contiguous();
+  // the anchors (float32, or float16/bfloat16 widened by prep_kernel) are read once, into the workspace
   const auto pd = pd_bboxes.contiguous(), gt = gt_bboxes.contiguous(), anc = anc_points.contiguous();
   TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
               " (the Python API falls back to the reference for other dtypes)");
   {
     using T = float;
     // every working buffer is carved from one allocation; the counters, which must start at zero, come first and
-    // are cleared by one memset
+    // are cleared by prep_kernel
+    const bool second = topk2 != topk;
     Workspace<T> w;
     Layout probe;
-    w.carve(probe, B, A, M, topk, topk2 != topk, D);
+    w.carve(probe, B, A, M, topk, second, D);
     auto workspace = at::empty({probe.size()}, opts.dtype(at::kByte));
     Layout real{workspace.data_ptr<uint8_t>()};
-    w.carve(real, B, A, M, topk, topk2 != topk, D);
-    C10_CUDA_CHECK(cudaMemsetAsync(workspace.data_ptr(), 0, w.zero_bytes, stream));
+    w.carve(real, B, A, M, topk, second, D);
     auto* hbb = reinterpret_cast<geom::HbbRegion<T>*>(w.regions);
     auto* obb = reinterpret_cast<geom::ObbRegion<T>*>(w.regions);
-    // per-box preparation
     const RowInputs rows = rows_in_kernel
                                ? RowInputs{mask_gt.data_ptr<float>(), gt_labels.data_ptr<float>(), w.valid, w.labels}
                                : RowInputs{nullptr, nullptr, valid_t.data_ptr<bool>(), labels_t.data_ptr<int64_t>()};
-    prep_boxes_kernel<T><<<blocks_for(B * M + B * A), kThreads, 0, stream>>>(
-        gt.data_ptr<T>(), rows, pd.data_ptr<T>(), B * M, B * A, static_cast<int>(D),
-        static_cast<T>(stride_val), hbb, obb, w.gprep, w.pprep);
+    // the counters, the anchor index (block 0) and the per-box values
+    const PrepArgs<T> prep{gt.data_ptr<T>(), rows, pd.data_ptr<T>(), AnchorsIn{anc.const_data_ptr(), anc.scalar_type()},
+                           B * M, B * A, A, static_cast<int>(D), static_cast<T>(stride_val), hbb, obb, w.gprep,
+                           w.pprep, reinterpret_cast<uint4*>(workspace.data_ptr()), w.zero_words, w.anc,
+                           w.cell_of_anchor, w.axes, w.cell_offsets, w.cell_sorted};
+    prep_kernel<T><<<1 + blocks_for(B * M + B * A, kPrepThreads), kPrepThreads, 0, stream>>>(prep);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-
-    // anchor cell index
-    anchor_bounds_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, w.bound_keys);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    anchor_bounds_finish_kernel<<<1, 32, 0, stream>>>(w.bound_keys, w.bounds);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    anchor_cells_count_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, w.bounds, w.cell_counts);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    anchor_cells_scan_kernel<<<1, kThreads, 0, stream>>>(w.cell_counts, w.cell_offsets, w.cell_cursor);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    anchor_cells_fill_kernel<<<blocks_for(A), kThreads, 0, stream>>>(anc.data_ptr<T>(), A, w.bounds, w.cell_cursor,
-                                                                      w.cell_sorted);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const CellIndex cells{w.bounds, w.cell_offsets, w.cell_sorted};
-    const RowNotes notes{w.nan_seen, w.inf_cand};
+    const CellIndex cells{w.axes, w.cell_offsets, w.cell_sorted};
+    const RowNotes notes{w.nan_seen, w.inf_cand, w.img_flag, M};
+    const Claims<T> claims{w.claim_anchor, w.claim_align, w.claim_ov, w.count, w.claimant, A, M,
+                           static_cast<int>(topk)};
+    const OwnerSink sink{w.stats, second ? w.own_n : nullptr, w.own_list};
 
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
       using S = scalar_t;
-      Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), anc.data_ptr<T>(), gt.data_ptr<T>(),
+      Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), w.anc, gt.data_ptr<T>(),
                       rows.labels, rows.valid, B, A, C, M, static_cast<int>(D),
                       static_cast<int>(topk), static_cast<int>(topk2), alpha, beta, static_cast<T>(eps),
                       Prep<T>{hbb, obb, w.gprep, w.pprep}, pow_wide};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       const auto* props = at::cuda::getCurrentDeviceProperties();
-      tiny_rows_kernel<S, T><<<blocks_for(B * M, kTinyWarps), kThreads, 0, stream>>>(
-          P, cells, notes, w.claim_n, w.claim_anchor, w.claim_align,
-          w.claim_ov, w.medium_rows, w.medium_n);
+      // pass 1: the claims, and the per-anchor claim counts
+      warp_rows_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(P, cells, notes, claims,
+                                                                                 w.medium_rows, w.medium_n);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       {
         // the medium rows: as many blocks as fit on the device at once, each taking rows from the list in turn
         auto kernel = candidates_topk_kernel<S, T>;
         const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kThreads, 0));
-        kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-            P, cells, notes, w.medium_rows, w.medium_n, w.claim_n,
-            w.claim_anchor, w.claim_align, w.claim_ov,
-            w.big_rows, w.big_n);
+        kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(P, cells, notes, claims, w.medium_rows,
+                                                                      w.medium_n, w.medium_next, w.big_rows, w.big_n);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
       {
@@ -1380,68 +1535,46 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
         const int64_t smem = cap < 0 ? 0 : big_row_smem(A, cap);
         raise_smem_limit(kernel, smem);
         const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kBigThreads, smem));
-        kernel<<<static_cast<unsigned>(grid), kBigThreads, smem, stream>>>(
-            P, cells, notes, w.big_rows, w.big_n, cap, w.claim_n,
-            w.claim_anchor, w.claim_align, w.claim_ov);
+        kernel<<<static_cast<unsigned>(grid), kBigThreads, smem, stream>>>(P, cells, notes, claims, w.big_rows,
+                                                                            w.big_n, cap);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-      count_claims_kernel<T><<<blocks_for(B * M * topk), kThreads, 0, stream>>>(
-          w.claim_n, w.claim_anchor, B * M, M, A, static_cast<int>(topk),
-          w.count, w.claimant);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      // passes 2-3: owners
       resolve_claims_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-          B * A, A, M, static_cast<int>(topk), w.count,
-          w.claimant, w.claim_align,
-          w.claim_ov, w.owner, w.own_align, w.own_ov,
-          w.conflicts, w.n_conf);
+          B * A, A, M, static_cast<int>(topk), w.count, w.claimant, w.claim_align, w.claim_ov, sink, w.owner,
+          w.own_align, w.own_ov, w.conflicts, w.n_conf);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       {
         // enough warps to fill the device; each takes conflicted anchors from the list in turn
-        const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-        const int64_t grid = std::min<int64_t>(sms * 8, (B * A + kThreads / 32 - 1) / (kThreads / 32));
-        resolve_conflicts_kernel<S, T><<<static_cast<unsigned>(std::max<int64_t>(grid, 1)), kThreads, 0, stream>>>(
-            P, w.conflicts, reinterpret_cast<const int64_t*>(w.n_conf), w.owner,
-            w.own_align, w.own_ov);
+        const int64_t grid = std::min<int64_t>(props->multiProcessorCount * 8, blocks_for(B * A, kWarps));
+        resolve_conflicts_kernel<S, T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+            P, w.conflicts, reinterpret_cast<const int64_t*>(w.n_conf), sink, w.owner, w.own_align, w.own_ov);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-      if (topk2 != topk) {
-        own_list_kernel<<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner, B, M, A, w.own_n, w.own_list);
+      if (second) {
+        // pass 4
+        second_topk_warp_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(
+            P, notes, w.own_n, w.own_list, w.own_align, w.own_ov, static_cast<int>(topk2), w.keep, w.stats,
+            w.slow_rows, w.slow_n);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-        second_topk_warp_kernel<S, T><<<blocks_for(B * M, kTinyWarps), kThreads, 0, stream>>>(
-            P, notes, w.own_n, w.own_list, w.own_align, static_cast<int>(topk2), w.keep, w.slow_rows, w.slow_n);
+        // the other rows: as many blocks as fit on the device at once, each taking rows from the list in turn
+        auto kernel = second_topk_rows_kernel<S, T>;
+        const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kThreads, 0));
+        kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(P, notes, w.owner, w.own_align, w.own_ov,
+                                                                      static_cast<int>(topk2), w.keep, w.stats,
+                                                                      w.slow_rows, w.slow_n);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-        {
-          // the other rows: as many blocks as fit on the device at once, each taking rows from the list in turn
-          auto kernel = second_topk_rows_kernel<S, T>;
-          const int64_t grid = std::min<int64_t>(B * M, props->multiProcessorCount * occupancy(kernel, kThreads, 0));
-          kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-              P, notes, w.owner, w.own_align, w.own_ov, static_cast<int>(topk2), w.keep, w.slow_rows, w.slow_n);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-        }
       }
     });
-    row_maxima_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(w.owner, topk2 != topk ? w.keep : nullptr,
-                                                                      w.own_align, w.own_ov, B, M, A,
-                                                                      w.best_align, w.best_ov, w.owned, w.inf_owned);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    poison_kernel<<<blocks_for(B * M), kThreads, 0, stream>>>(notes, w.inf_owned, B * M, M, w.poisoned);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    targets_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-        w.owner, w.own_align, w.best_align, w.best_ov, w.owned, rows.labels, gt.data_ptr<T>(),
-        w.poisoned, B, M, A, static_cast<int>(D), static_cast<T>(eps),
-        target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(), fg_mask.data_ptr<bool>(),
-        target_gt_idx.data_ptr<int64_t>(), w.norm);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const int64_t n_scores = B * A * C;
-    const unsigned score_blocks = static_cast<unsigned>(std::min<int64_t>((n_scores + kThreads - 1) / kThreads, 65536));
-    if (n_scores < (int64_t{1} << 31) - int64_t{65536} * kThreads) {  // 32-bit index math when it cannot overflow
-      scores_kernel<T, int32_t><<<score_blocks, kThreads, 0, stream>>>(
-          fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(), w.norm,
-          static_cast<int32_t>(B * A), static_cast<int32_t>(C), target_scores.data_ptr<T>());
+    // pass 5: the outputs
+    const OutputArgs<T> out{w.owner, second ? w.keep : nullptr, w.own_align, w.stats, notes, rows.labels,
+                            gt.data_ptr<T>(), B, M, A, C, static_cast<int>(D), static_cast<T>(eps),
+                            target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(),
+                            target_scores.data_ptr<T>(), fg_mask.data_ptr<bool>(), target_gt_idx.data_ptr<int64_t>()};
+    if (C < std::numeric_limits<int32_t>::max() / kThreads) {  // 32-bit index math within a block's scores
+      outputs_kernel<T, int32_t><<<blocks_for(B * A), kThreads, 0, stream>>>(out);
     } else {
-      scores_kernel<T, int64_t><<<score_blocks, kThreads, 0, stream>>>(
-          fg_mask.data_ptr<bool>(), target_labels.data_ptr<int64_t>(), w.norm, B * A, C,
-          target_scores.data_ptr<T>());
+      outputs_kernel<T, int64_t><<<blocks_for(B * A), kThreads, 0, stream>>>(out);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
