@@ -156,8 +156,8 @@ def _kernel_unsupported(device, score_dtype, pd_dtype, anchor_dtype, box_dtype) 
     if box_dtype not in allowed:
         return f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}"
     if pd_dtype != box_dtype or not _widens_exactly(anchor_dtype, box_dtype):
-        return (f"the kernel needs pd_bboxes, anc_points and gt_bboxes of one dtype, got {pd_dtype}, "
-                f"{anchor_dtype} and {box_dtype}")
+        return (f"the kernel needs pd_bboxes of the dtype of gt_bboxes and anc_points of it or a narrower float "
+                f"type, got {pd_dtype}, {anchor_dtype} and {box_dtype}")
     score_ok = (torch.float32, torch.float16, torch.bfloat16) if box_dtype == torch.float32 else (torch.float64,)
     if score_dtype not in score_ok:
         return f"the kernel takes {'/'.join(str(d) for d in score_ok)} scores with {box_dtype} boxes, got {score_dtype}"
