@@ -1,7 +1,7 @@
 """Calls of the compiled assign alone (no reference, so no torch.topk), for compute-sanitizer: PyTorch's own
 torch.topk, which the reference calls, reads memory it never wrote (initcheck reports it), and the reference's
 kernels make racecheck slow. Covers HBB and OBB, fp32 and bf16 scores, K2 != K, rows of every size (a warp, a block,
-the big-row kernel, the recompute walk at 1280 px, non-finite boxes, rows about the warp's cap of 64), bf16 anchors,
+the big-row kernel, the recompute walk at 1280 px, the sorted medium rows at 1920 px, non-finite boxes, rows about the warp's cap of 64), bf16 anchors,
 rows owning more than 32 anchors in the second top-k, 5,000 objects per image and every odd input of
 docs/odd-inputs.md.
 
@@ -44,6 +44,8 @@ def main():
                 topk2=4)
         run(scene(1024, MIXED, obb, seed=1, device="cpu"), num_classes=5, topk=10)
         run(scene(1280, [[3000, 50, 8]], obb, seed=4, device="cpu"), num_classes=5, topk=13, topk2=3)
+        # 1920 px: more anchors than the block's bitmap holds, so medium rows sort their candidates
+        run(scene(1920, [[90, 160, 260, 20, 6], [330, 120]], obb, seed=8, device="cpu"), num_classes=5, topk=10)
         run(scene(1024, MIXED, obb, seed=5, nan_row=(0, 2), far=True, device="cpu"), num_classes=5, topk=10, topk2=3)
         run(scene(1024, MIXED, obb, seed=7, device="cpu"), num_classes=5, topk=40, topk2=3)  # rows owning > 32
         near_cap = scene(1024, NEAR_WARP_CAP, obb, seed=3, device="cpu")  # rows of about 64 candidates

@@ -107,6 +107,23 @@ def test_assign_non_contiguous_inputs(library, device):
 
 
 @pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+@pytest.mark.parametrize("mask_2d", [False, True], ids=["mask3d", "mask2d"])
+def test_assign_rows_sliced_from_one_targets_tensor(library, device, obb, mask_2d):
+    """As the peer trainer passes them: gt_labels and gt_bboxes are slices of one (B, M, 1 + D) targets tensor and
+    mask_gt a strided view; the op reads them as they are (the CUDA kernel without a copy)."""
+    scores, pd, anc, labels, gt, mask = to(device, make_problem(9, obb))
+    targets = torch.cat((labels, gt, mask), -1)
+    D = gt.shape[-1]
+    t_labels, t_gt = targets[..., :1], targets[..., 1:1 + D]
+    t_mask = targets[..., 1 + D] if mask_2d else targets[..., 1 + D:]
+    assert not any(t.is_contiguous() for t in (t_labels, t_gt, t_mask))
+    want = reference.assign(scores, pd, anc, labels, gt, mask, stride=STRIDES, num_classes=7, topk=10)
+    got = ops.assign(scores, pd, anc, t_labels, t_gt, t_mask, num_classes=7, topk=10, stride_val=16)
+    assert_matches_reference(got, want, device == "cuda")
+
+
+@pytest.mark.parametrize("device", devices())
 def test_assign_inputs_not_modified_and_outputs_constant(library, device):
     inputs = list(to(device, make_problem(6, False)))
     inputs[0].requires_grad_(True)

@@ -156,7 +156,7 @@ def test_sanitize_subset(library, obb):
     """A small, representative run of every CUDA kernel (used under compute-sanitizer): all passes, K2 != K, a row
     with more candidates than the shared-memory list holds (the recompute path), and the pass ops."""
     inputs = list(to("cuda", make_problem(60, obb, batch=2, n_boxes=20, pad_rows=4)))
-    # a 1024 px image where one object covers more anchors than the shared-memory list holds (2048)
+    # a 1024 px image where one object covers more anchors than the shared-memory list holds (4,096)
     scores, pd, anc, labels, gt, mask = make_problem(61, obb, batch=1, n_boxes=6, pad_rows=1, img_size=1024)
     gt[0, 0] = torch.tensor(([512.0, 512.0, 900.0, 900.0, 0.3] if obb else [40.0, 40.0, 1000.0, 1000.0]))
     big_case = to("cuda", (scores, pd, anc, labels, gt, mask))

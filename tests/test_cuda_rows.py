@@ -1,5 +1,6 @@
 """The CUDA assign sorts object rows by their number of candidates: a warp per row for up to 64, a block with a
-shared-memory list for up to 2,048, a big-row kernel with a list in dynamic shared memory beyond that, and the
+shared-memory list for up to 4,096 (found through a bitmap of the anchors, or sorted when the anchors are too many
+for it), a big-row kernel with a list in dynamic shared memory beyond that, and the
 recompute walk over all anchors when even that list is too small (more anchors than fit, as at 1280 px) or the cell
 index cannot be used (a non-finite box). Every path, with positive, zero and negative metrics at the k-th place,
 must equal the reference on CUDA bit for bit. Skipped without a GPU."""
@@ -64,8 +65,9 @@ def check(inputs, **kw):
 
 
 # per image: box sides that give rows of every size class at 1024 px (21,504 anchors): a few px (under the stride
-# floor), ~20-30 candidates, a few hundred, ~2,000-3,000, and one covering nearly the image
-MIXED = [[4, 12, 30, 60, 150, 260, 330, 700], [6, 40, 90, 400, 1500], [8, 20, 2000, 3, 3, 3]]
+# floor), ~20-30 candidates, a few hundred, ~1,000-3,000 (the block's list), 4,000-7,000 (big rows), and one covering
+# nearly the image; HBB and OBB both have rows of 2,049-4,096 candidates
+MIXED = [[4, 12, 30, 60, 150, 260, 330, 700], [6, 40, 90, 400, 1500, 520], [8, 20, 2000, 3, 3, 3]]
 
 
 @pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
@@ -123,6 +125,13 @@ def test_more_candidates_than_shared_memory(library, obb, far):
     """1280 px (33,600 anchors): a box over the whole image has more candidates than the big-row list holds on an
     H200, and takes the recompute walk."""
     check(scene(1280, [[3000, 50, 8], [2500]], obb, seed=4, far=far))
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+def test_more_anchors_than_the_bitmap_holds(library, obb):
+    """1920 px (75,600 anchors): the block's bitmap of a row's candidates holds 65,536 anchors, so medium rows find
+    their candidates in anchor order by sorting them instead."""
+    check(scene(1920, [[90, 160, 260, 20, 6], [330, 120]], obb, seed=8))
 
 
 @pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])

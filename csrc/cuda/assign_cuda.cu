@@ -14,7 +14,8 @@
 //                            index asc), outside anchors having metric 0 (the zero fill of DESIGN.md trap 1), and
 //                            claims its top K; a larger row goes to a list of medium rows.
 //   candidates_topk_kernel   (blocks of 256 taking medium rows from a list) the same selection from a list of up to
-//                            kListCap candidates in shared memory, with a radix select on order-preserving 32-bit
+//                            kListCap candidates in shared memory (put in anchor order by a bitmap of the anchors,
+//                            or by a sort when A > kListCap * 32), with a radix select on order-preserving 32-bit
 //                            keys and a block scan for the ties. A row with more candidates goes to a list of big
 //                            rows.
 //   big_rows_kernel          (blocks of 512 taking big rows in turn) the same from a bitmap of the row's candidates
@@ -52,6 +53,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 
 #include "amp.h"
 #include "checks.h"
@@ -61,7 +63,8 @@ namespace lucid {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kListCap = 2048;  // candidates per row in candidates_topk_kernel's list; more: a big row
+constexpr int kListCap = 4096;  // candidates per row in candidates_topk_kernel's list; more: a big row
+constexpr int kBitWords = 2048;  // its bitmap of a row's candidates covers up to 65,536 anchors
 constexpr uint32_t kZeroKey = 0x80000000u;
 
 // Order-preserving key of a metric: larger key = ranks first. NaN ranks above every number; -0 ties with +0.
@@ -227,32 +230,52 @@ struct Problem {
 };
 
 // ---- per-box preparation -----------------------------------------------------------------------------------------
-// The per-row inputs as the kernels read them: valid (mask_gt != 0) and the labels as int64. float32 contiguous
-// mask_gt and gt_labels (what trainers pass) are converted here, by prep_kernel, as ATen's ne(0) and
-// to(int64) would; other dtypes and layouts are converted by ATen before the call (mask_f is then null).
+// An input of one value (or D values) per object row, (B, M[, k]) with any strides, as the caller passed it: the
+// peer trainer's gt_labels and gt_bboxes are slices of one targets tensor, so they are not contiguous.
+template <typename T>
+struct RowsIn {
+  const T* p;
+  int64_t M, s0, s1, s2;  // strides of the batch, row and last dimensions
+  __device__ T at(int64_t row, int k = 0) const { return p[(row / M) * s0 + (row % M) * s1 + k * s2]; }
+};
+
+// The per-row inputs as the kernels read them: valid (mask_gt != 0) and the labels as int64. float32 mask_gt and
+// gt_labels (what trainers pass), of any strides, are converted here, by prep_kernel, as ATen's ne(0) and to(int64)
+// would; other dtypes are converted by ATen before the call (mask_f.p is then null).
 struct RowInputs {
-  const float* mask_f;
-  const float* label_f;
-  bool* valid;      // written here when mask_f is set, else already filled
+  RowsIn<float> mask_f;
+  RowsIn<float> label_f;
+  bool* valid;  // written here when mask_f.p is set, else already filled
   int64_t* labels;
   __device__ bool convert(int64_t row) const {
-    if (mask_f == nullptr) return valid[row];
-    const bool v = mask_f[row] != 0.0f;
+    if (mask_f.p == nullptr) return valid[row];
+    const bool v = mask_f.at(row) != 0.0f;
     valid[row] = v;
-    labels[row] = static_cast<int64_t>(label_f[row]);
+    labels[row] = static_cast<int64_t>(label_f.at(row));
     return v;
   }
 };
 
 // Box j of the objects (is_gt) or of the predictions: the values its overlaps need (atan(w/h) for HBB, the
 // Gaussian for OBB) and, for an object, its candidate region.
+// An object's box is also copied, contiguous, to gt_copy, which every later pass reads.
 template <typename T>
-__device__ void prep_box(const T* __restrict__ gt, const RowInputs& rows, const T* __restrict__ pd, bool is_gt,
-                         int64_t j, int D, T stride_val, geom::HbbRegion<T>* hbb, geom::ObbRegion<T>* obb, T* gprep,
-                         T* pprep) {
+__device__ void prep_box(const RowsIn<T>& gt, T* __restrict__ gt_copy, const RowInputs& rows,
+                         const T* __restrict__ pd, bool is_gt, int64_t j, int D, T stride_val,
+                         geom::HbbRegion<T>* hbb, geom::ObbRegion<T>* obb, T* gprep, T* pprep) {
   bool real = false;
+  T box[5] = {};  // in registers: every index below is known at compile time
   if (is_gt) real = rows.convert(j);
-  const T* box = (is_gt ? gt : pd) + j * D;
+#pragma unroll
+  for (int k = 0; k < 5; ++k) {
+    if (k < D) {
+      if (is_gt) {
+        box[k] = gt_copy[j * D + k] = gt.at(j, k);
+      } else {
+        box[k] = pd[j * D + k];
+      }
+    }
+  }
   T* out = (is_gt ? gprep : pprep) + j * 3;
   if (D == 4) {
     // atan(w / (h + eps)), as the reference's (w / h).atan() on the device
@@ -281,10 +304,13 @@ struct RadixState {
   int n;
 };
 
-template <typename T>
+// A medium row in shared memory: its candidates' (key, anchor) pairs in anchor order (only the K chosen get their
+// metric and overlap computed again), found through a bitmap over the A anchors when it fits (A <= kBitWords * 32),
+// else in the order found and then sorted.
 struct SharedRow : RadixState {
-  Entry<T> list[kListCap];
-  int32_t idx[kListCap];  // candidate anchors found through the cell index, sorted before use
+  uint32_t key[kListCap];
+  int32_t anchor[kListCap];
+  uint32_t bits[kBitWords];
 };
 
 template <int NT>
@@ -301,13 +327,16 @@ __device__ __forceinline__ void hist_add(int* hist, bool active, uint32_t bin) {
   if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
 }
 
-// Source over the shared list.
+// Source over a compacted (key, anchor) list in anchor order; the entries it gives hold no metric or overlap.
 template <typename T>
-struct ListSource {
-  const SharedRow<T>* sh;
-  __device__ int64_t size() const { return sh->n; }
+struct KeySource {
+  const uint32_t* keys;
+  const int32_t* anchors;
+  int64_t n;
+  __device__ int64_t size() const { return n; }
   __device__ bool get(int64_t i, Entry<T>& e) const {
-    e = sh->list[i];
+    e.key = keys[i];
+    e.anchor = anchors[i];
     return true;
   }
 };
@@ -411,6 +440,7 @@ __device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, R
 template <int NT, typename T, typename Src, typename Take>
 __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename BlockScanT<NT>::TempStorage& scan_tmp,
                               Take take) {
+  static_assert(NT < (1 << 15), "the per-chunk counts are packed in 16 bits");
   int before_ne = 0, before_eq = 0, before_taken = 0;  // running totals over earlier chunks (same in all threads)
   const int64_t n = src.size();
   for (int64_t base = 0; base < n; base += blockDim.x) {
@@ -419,11 +449,11 @@ __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename B
     const bool has = i < n && src.get(i, e);
     const int is_eq = has && e.key == kth;
     const int is_ne_zero = has && e.key != kZeroKey;  // explicit entries that are not metric-0 anchors
-    int ex_eq, ex_ne, sum_eq, sum_ne;
-    BlockScanT<NT>(scan_tmp).ExclusiveSum(is_eq, ex_eq, sum_eq);
+    // both counts in one scan: at most NT per chunk, so each fits 16 bits
+    int ex_both, sum_both;
+    BlockScanT<NT>(scan_tmp).ExclusiveSum(is_eq | (is_ne_zero << 16), ex_both, sum_both);
     __syncthreads();
-    BlockScanT<NT>(scan_tmp).ExclusiveSum(is_ne_zero, ex_ne, sum_ne);
-    __syncthreads();
+    const int ex_eq = ex_both & 0xFFFF, ex_ne = ex_both >> 16, sum_eq = sum_both & 0xFFFF, sum_ne = sum_both >> 16;
     bool chosen = false;
     if (has) {
       if (e.key > kth) {
@@ -434,9 +464,11 @@ __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename B
         chosen = rank < k_eq;
       }
     }
-    int ex_taken, sum_taken;
-    BlockScanT<NT>(scan_tmp).ExclusiveSum(static_cast<int>(chosen), ex_taken, sum_taken);
-    __syncthreads();
+    int ex_taken = 0, sum_taken = 0;
+    if (__syncthreads_or(chosen)) {  // most chunks of a long row choose nothing: no scan for them
+      BlockScanT<NT>(scan_tmp).ExclusiveSum(static_cast<int>(chosen), ex_taken, sum_taken);
+      __syncthreads();
+    }
     if (chosen) take(e, before_taken + ex_taken);
     before_eq += sum_eq;
     before_ne += sum_ne;
@@ -602,7 +634,8 @@ __device__ void build_anchor_index(const AnchorsIn& in, int32_t A, float* __rest
 
 template <typename T>
 struct PrepArgs {
-  const T* gt;  // (B*M, D)
+  RowsIn<T> gt;  // (B, M, D), any strides
+  T* gt_copy;    // (B*M, D)
   RowInputs rows;
   const T* pd;  // (B*A, D)
   AnchorsIn anc_in;
@@ -635,7 +668,8 @@ __global__ void __launch_bounds__(kPrepThreads) prep_kernel(const PrepArgs<T> p)
   for (int64_t w = i; w < p.n_zero; w += threads) p.zero[w] = make_uint4(0u, 0u, 0u, 0u);
   if (i >= p.n_rows + p.n_pred) return;
   const bool is_gt = i < p.n_rows;
-  prep_box(p.gt, p.rows, p.pd, is_gt, is_gt ? i : i - p.n_rows, p.D, p.stride_val, p.hbb, p.obb, p.gprep, p.pprep);
+  prep_box(p.gt, p.gt_copy, p.rows, p.pd, is_gt, is_gt ? i : i - p.n_rows, p.D, p.stride_val, p.hbb, p.obb, p.gprep,
+           p.pprep);
 }
 
 // Bounding box of a row's candidate region, widened so that rounding in the exact test cannot reach past it.
@@ -662,12 +696,32 @@ __device__ bool region_bbox(const Prep<T>& prep, int64_t row, int D, T& x0, T& y
   return isfinite(x0) && isfinite(x1) && isfinite(y0) && isfinite(y1);
 }
 
-// Sorts sh.idx[0, n) ascending (bitonic, padded to a power of two with INT_MAX).
-template <typename T>
-__device__ void sort_indices(SharedRow<T>& sh, int n) {
+// The set bits of bits[0, n_words) (a bitmap over anchors, in shared memory) in increasing order: out(i, anchor) for
+// the i-th one. Each thread takes a run of consecutive words; one block scan of their popcounts gives its first i.
+template <int NT, typename Out>
+__device__ void compact_bits(const uint32_t* bits, int64_t n_words, typename BlockScanT<NT>::TempStorage& scan_tmp,
+                             Out out) {
+  const int64_t per = (n_words + NT - 1) / NT;
+  const int64_t w0 = threadIdx.x * per, w1 = w0 + per < n_words ? w0 + per : n_words;
+  int mine = 0;
+  for (int64_t w = w0; w < w1; ++w) mine += __popc(bits[w]);
+  int pos, total;
+  BlockScanT<NT>(scan_tmp).ExclusiveSum(mine, pos, total);
+  for (int64_t w = w0; w < w1; ++w) {
+    uint32_t word = bits[w];
+    while (word) {
+      const int bit = __ffs(word) - 1;
+      word &= word - 1;
+      out(pos++, static_cast<int32_t>(w * 32 + bit));
+    }
+  }
+}
+
+// Sorts v[0, n) ascending (bitonic, padded to a power of two with INT_MAX; v holds kListCap values).
+__device__ void sort_indices(int32_t* v, int n) {
   int size = 1;
   while (size < n) size <<= 1;
-  for (int i = n + threadIdx.x; i < size; i += blockDim.x) sh.idx[i] = INT_MAX;
+  for (int i = n + threadIdx.x; i < size; i += blockDim.x) v[i] = INT_MAX;
   __syncthreads();
   for (int k = 2; k <= size; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
@@ -675,10 +729,10 @@ __device__ void sort_indices(SharedRow<T>& sh, int n) {
         const int l = i ^ j;
         if (l > i) {
           const bool up = (i & k) == 0;
-          const int32_t a = sh.idx[i], b = sh.idx[l];
+          const int32_t a = v[i], b = v[l];
           if ((a > b) == up) {
-            sh.idx[i] = b;
-            sh.idx[l] = a;
+            v[i] = b;
+            v[l] = a;
           }
         }
       }
@@ -827,12 +881,16 @@ __global__ void __launch_bounds__(kThreads, 4) candidates_topk_kernel(Problem<S,
                                                                      Claims<T> claims, const int32_t* medium_rows,
                                                                      const int32_t* medium_n, int32_t* medium_next,
                                                                      int32_t* big_rows, int32_t* big_n) {
-  __shared__ SharedRow<T> sh;
+  __shared__ SharedRow sh;
   __shared__ typename BlockScan::TempStorage scan_tmp;
   __shared__ int next;
   const int n_medium = *medium_n;
+  // the candidates in anchor order: a bitmap compacted, or the anchors sorted
+  const bool use_bits = P.A <= static_cast<int64_t>(kBitWords) * 32;
+  const int n_words = use_bits ? static_cast<int>((P.A + 31) / 32) : 0;
   for (;;) {
     // the next row of the list: a block done with a small row takes another while others work on big ones
+    for (int w = threadIdx.x; w < n_words; w += blockDim.x) sh.bits[w] = 0u;
     if (threadIdx.x == 0) {
       next = atomicAdd(medium_next, 1);
       sh.n = 0;
@@ -855,9 +913,13 @@ __global__ void __launch_bounds__(kThreads, 4) candidates_topk_kernel(Problem<S,
           const unsigned m = __ballot_sync(0xffffffffu, in);
           int base = 0;
           if (lane == 0 && m) base = atomicAdd(&sh.n, __popc(m));
-          base = __shfl_sync(0xffffffffu, base, 0);
-          const int slot = base + __popc(m & ((1u << lane) - 1u));
-          if (in && slot < kListCap) sh.idx[slot] = a;
+          if (use_bits) {
+            if (in) atomicOr(&sh.bits[a >> 5], 1u << (a & 31));
+          } else {
+            base = __shfl_sync(0xffffffffu, base, 0);
+            const int slot = base + __popc(m & ((1u << lane) - 1u));
+            if (in && slot < kListCap) sh.anchor[slot] = a;
+          }
         }
       }
       __syncthreads();
@@ -867,10 +929,29 @@ __global__ void __launch_bounds__(kThreads, 4) candidates_topk_kernel(Problem<S,
         __syncthreads();
         continue;
       }
-      sort_indices(sh, count);
-      for (int i = threadIdx.x; i < count; i += blockDim.x) {
-        sh.list[i] = P.entry(row, b, sh.idx[i]);
-        notes.note(row, sh.list[i].align, sh.list[i].overlap);
+      if (use_bits) {
+        compact_bits<kThreads>(sh.bits, n_words, scan_tmp, [&](int i, int32_t a) { sh.anchor[i] = a; });
+        __syncthreads();
+      } else {
+        sort_indices(sh.anchor, count);  // ends with a barrier
+      }
+      // the keys, a few per thread at once so that their loads overlap
+      constexpr int kBatch = 2;
+      for (int i0 = threadIdx.x; i0 < count; i0 += kBatch * kThreads) {
+        Entry<T> e[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = i0 + u * kThreads;
+          if (i < count) e[u] = P.entry(row, b, sh.anchor[i]);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int i = i0 + u * kThreads;
+          if (i < count) {
+            sh.key[i] = e[u].key;
+            notes.note(row, e[u].align, e[u].overlap);
+          }
+        }
       }
       __syncthreads();
     } else {
@@ -885,20 +966,24 @@ __global__ void __launch_bounds__(kThreads, 4) candidates_topk_kernel(Problem<S,
         if (inside) {
           const Entry<T> e = P.entry(row, b, a);
           notes.note(row, e.align, e.overlap);
-          if (count + offset < kListCap) sh.list[count + offset] = e;
+          if (count + offset < kListCap) {
+            sh.key[count + offset] = e.key;
+            sh.anchor[count + offset] = e.anchor;
+          }
         }
         count += total;
       }
-      if (threadIdx.x == 0) sh.n = count < kListCap ? count : kListCap;
       __syncthreads();
     }
-    auto take = [&](const Entry<T>& e, int slot) { claims.put(row, slot, e); };
     if (count <= kListCap) {
-      ListSource<T> src{&sh};
-      select_row<kThreads, T>(src, count, P.A, P.K, sh, scan_tmp, take);
+      // the list holds keys only: the chosen entries are computed again (the same values)
+      KeySource<T> src{sh.key, sh.anchor, count};
+      select_row<kThreads, T>(src, count, P.A, P.K, sh, scan_tmp,
+                              [&](const Entry<T>& e, int slot) { claims.put(row, slot, P.entry(row, b, e.anchor)); });
     } else {
       RecomputeSource<S, T> src{&P, row, b};
-      select_row<kThreads, T>(src, count, P.A, P.K, sh, scan_tmp, take);
+      select_row<kThreads, T>(src, count, P.A, P.K, sh, scan_tmp,
+                              [&](const Entry<T>& e, int slot) { claims.put(row, slot, e); });
     }
     __syncthreads();  // shared memory is reused by the next row
   }
@@ -912,19 +997,6 @@ __global__ void __launch_bounds__(kThreads, 4) candidates_topk_kernel(Problem<S,
 // takes the general in-order walk over all A anchors with the metrics recomputed (slow, and only possible with
 // more anchors than that). Only the K chosen anchors get their full entry (metric and overlap) recomputed.
 constexpr int kBigThreads = 512;
-
-template <typename S, typename T>
-struct KeySource {  // the compacted (key, anchor) list of a big row, in anchor order
-  const uint32_t* keys;
-  const int32_t* anchors;
-  int64_t n;
-  __device__ int64_t size() const { return n; }
-  __device__ bool get(int64_t i, Entry<T>& e) const {
-    e.key = keys[i];
-    e.anchor = anchors[i];
-    return true;
-  }
-};
 
 inline int64_t big_row_smem(int64_t A, int64_t cap) { return ((A + 31) / 32) * 4 + cap * 8; }
 
@@ -968,21 +1040,7 @@ __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> 
     // the list holds keys only: the chosen entries are recomputed
     auto take = [&](const Entry<T>& e, int slot) { claims.put(row, slot, P.entry(row, b, e.anchor)); };
     if (use_bits && count <= cap) {
-      // compact in anchor order: each thread takes consecutive words, a block scan gives its first position
-      const int64_t per = (n_words + blockDim.x - 1) / blockDim.x;
-      const int64_t w0 = threadIdx.x * per, w1 = w0 + per < n_words ? w0 + per : n_words;
-      int mine = 0;
-      for (int64_t w = w0; w < w1; ++w) mine += __popc(bits[w]);
-      int pos, total;
-      BlockScanT<kBigThreads>(scan_tmp).ExclusiveSum(mine, pos, total);
-      for (int64_t w = w0; w < w1; ++w) {
-        uint32_t word = bits[w];
-        while (word) {
-          const int bit = __ffs(word) - 1;
-          word &= word - 1;
-          anchors[pos++] = static_cast<int32_t>(w * 32 + bit);
-        }
-      }
+      compact_bits<kBigThreads>(bits, n_words, scan_tmp, [&](int i, int32_t a) { anchors[i] = a; });
       __syncthreads();
       for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
         const Entry<T> e = P.entry(row, b, anchors[i]);
@@ -998,7 +1056,7 @@ __global__ void __launch_bounds__(kBigThreads, 1) big_rows_kernel(Problem<S, T> 
             }
           },
           P.A - count, k, sh);
-      KeySource<S, T> src{keys, anchors, count};
+      KeySource<T> src{keys, anchors, count};
       take_in_order<kBigThreads, T>(src, sh.prefix, sh.k_rem, scan_tmp, take);
     } else {
       // note every candidate once (a walk over the cells), then the in-order walk over all anchors
@@ -1143,7 +1201,7 @@ __global__ void __launch_bounds__(kThreads) second_topk_rows_kernel(Problem<S, T
                                                                       RowStats stats, const int32_t* rows,
                                                                       const int32_t* n_rows) {
   const int64_t M = P.M, A = P.A;
-  __shared__ SharedRow<T> sh;
+  __shared__ RadixState sh;
   __shared__ typename BlockScan::TempStorage scan_tmp;
   __shared__ typename BlockReduce::TempStorage reduce_tmp;
   __shared__ int n_explicit;
@@ -1302,6 +1360,7 @@ struct Workspace {
   int64_t zero_words;
   // written before being read
   uint8_t* regions;
+  T* gt;                // (B*M, D) the objects' boxes, contiguous
   T* gprep;
   T* pprep;
   float* anc;           // (A, 2) the anchors as float32
@@ -1343,6 +1402,7 @@ struct Workspace {
     zero_words = (L.size() + 15) / 16;  // the next buffer starts past them (take aligns to 16)
     regions = L.take<uint8_t>(B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
                                                                  : sizeof(geom::ObbRegion<T>)));
+    gt = L.take<T>(B * M * D);
     gprep = L.take<T>(B * M * 3);
     pprep = L.take<T>(B * A * 3);
     anc = L.take<float>(A * 2);
@@ -1462,9 +1522,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   if (B * A == 0) return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
   const auto stream = at::cuda::getCurrentCUDAStream();
   const bool pow_wide = scores_pow_in_float32();  // set by the autocast kernel for float16/bfloat16 scores
-  // float32 contiguous mask and labels are converted by prep_kernel; others by ATen here
-  const bool rows_in_kernel = mask_gt.scalar_type() == at::kFloat && gt_labels.scalar_type() == at::kFloat &&
-                              mask_gt.is_contiguous() && gt_labels.is_contiguous();
+  // float32 mask and labels (any strides) are converted by prep_kernel; others by ATen here
+  const bool rows_in_kernel = mask_gt.scalar_type() == at::kFloat && gt_labels.scalar_type() == at::kFloat;
   at::Tensor valid_t, labels_t;
   if (!rows_in_kernel) {
     valid_t = mask_gt.reshape({B, M}).ne(0).contiguous();
@@ -1472,7 +1531,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   }
   const auto scores = pd_scores.contiguous();
   // the anchors (float32, or float16/bfloat16 widened by prep_kernel) are read once, into the workspace
-  const auto pd = pd_bboxes.contiguous(), gt = gt_bboxes.contiguous(), anc = anc_points.contiguous();
+  // gt_bboxes is read as given (any strides) by prep_kernel, which copies it to the workspace
+  const auto pd = pd_bboxes.contiguous(), anc = anc_points.contiguous();
   TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
               " (the Python API falls back to the reference for other dtypes)");
   {
@@ -1488,11 +1548,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     w.carve(real, B, A, M, topk, second, D);
     auto* hbb = reinterpret_cast<geom::HbbRegion<T>*>(w.regions);
     auto* obb = reinterpret_cast<geom::ObbRegion<T>*>(w.regions);
-    const RowInputs rows = rows_in_kernel
-                               ? RowInputs{mask_gt.data_ptr<float>(), gt_labels.data_ptr<float>(), w.valid, w.labels}
-                               : RowInputs{nullptr, nullptr, valid_t.data_ptr<bool>(), labels_t.data_ptr<int64_t>()};
+    // (B, M, k) or (B, M) inputs by their batch, row and last strides (the last is 0 for a 2-d one: k is 0 there)
+    auto rows_in = [M](const auto* p, const at::Tensor& t) {
+      return RowsIn<std::remove_cv_t<std::remove_pointer_t<decltype(p)>>>{p, M, t.stride(0), t.stride(1),
+                                                                          t.dim() == 3 ? t.stride(2) : 0};
+    };
+    const RowInputs rows =
+        rows_in_kernel
+            ? RowInputs{rows_in(mask_gt.const_data_ptr<float>(), mask_gt),
+                        rows_in(gt_labels.const_data_ptr<float>(), gt_labels), w.valid, w.labels}
+            : RowInputs{{}, {}, valid_t.data_ptr<bool>(), labels_t.data_ptr<int64_t>()};
     // the counters, the anchor index (block 0) and the per-box values
-    const PrepArgs<T> prep{gt.data_ptr<T>(), rows, pd.data_ptr<T>(), AnchorsIn{anc.const_data_ptr(), anc.scalar_type()},
+    const PrepArgs<T> prep{rows_in(gt_bboxes.const_data_ptr<T>(), gt_bboxes), w.gt, rows, pd.data_ptr<T>(),
+                           AnchorsIn{anc.const_data_ptr(), anc.scalar_type()},
                            B * M, B * A, A, static_cast<int>(D), static_cast<T>(stride_val), hbb, obb, w.gprep,
                            w.pprep, reinterpret_cast<uint4*>(workspace.data_ptr()), w.zero_words, w.anc,
                            w.cell_of_anchor, w.axes, w.cell_offsets, w.cell_sorted};
@@ -1506,7 +1574,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
 
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
       using S = scalar_t;
-      Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), w.anc, gt.data_ptr<T>(),
+      Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), w.anc, w.gt,
                       rows.labels, rows.valid, B, A, C, M, static_cast<int>(D),
                       static_cast<int>(topk), static_cast<int>(topk2), alpha, beta, static_cast<T>(eps),
                       Prep<T>{hbb, obb, w.gprep, w.pprep}, pow_wide};
@@ -1568,7 +1636,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     });
     // pass 5: the outputs
     const OutputArgs<T> out{w.owner, second ? w.keep : nullptr, w.own_align, w.stats, notes, rows.labels,
-                            gt.data_ptr<T>(), B, M, A, C, static_cast<int>(D), static_cast<T>(eps),
+                            w.gt, B, M, A, C, static_cast<int>(D), static_cast<T>(eps),
                             target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(),
                             target_scores.data_ptr<T>(), fg_mask.data_ptr<bool>(), target_gt_idx.data_ptr<int64_t>()};
     if (C < std::numeric_limits<int32_t>::max() / kThreads) {  // 32-bit index math within a block's scores
