@@ -107,21 +107,53 @@ def assign(
         ``(target_labels (B, A) int64, target_bboxes (B, A, 4|5), target_scores (B, A, C), fg_mask (B, A) bool,
         target_gt_idx (B, A) int64)``. The inputs are not modified.
     """
-    check_inputs(
-        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-        topk=topk, topk2=topk2, num_classes=num_classes, stride=stride,
-    )
-    if choose_backend(backend, pd_scores, pd_bboxes, anc_points, gt_bboxes) == "kernel":
+    key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
+                     stride, backend)
+    stride_val = _kernel_calls.get(key) if key is not None else None
+    if stride_val is None:
+        check_inputs(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+            topk=topk, topk2=topk2, num_classes=num_classes, stride=stride,
+        )
+        if choose_backend(backend, pd_scores, pd_bboxes, anc_points, gt_bboxes) == "kernel":
+            stride_val = reference.stride_value(stride)
+            if key is not None and len(_kernel_calls) < _KERNEL_CALLS_MAX:
+                _kernel_calls[key] = stride_val
+    elif pd_scores.device.type == "cpu":  # the one check that depends on values (CUDA checks labels on the device)
+        reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
+    if stride_val is not None:
         # anchors of a narrower float type (bf16 under autocast, as the peer trainer makes them) are widened by the
         # kernel: exact, and what the reference's type promotion does in every operation
         return ops.assign(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk, topk2=topk2,
-            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=reference.stride_value(stride),
+            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
         )
     return reference.assign(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
         topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
     )
+
+
+# A trainer calls assign with the same shapes and settings step after step. The checks and the choice of backend
+# depend on nothing else (except the CPU's label check, which is repeated), so a signature that once passed them and
+# chose the kernel skips them. Fallbacks to the reference are not remembered: they warn as before.
+_kernel_calls: dict = {}  # signature -> the stride value to pass to the op
+_KERNEL_CALLS_MAX = 256
+
+
+def _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,
+               backend):
+    """What check_inputs and choose_backend depend on, or None when it cannot be hashed (they then run)."""
+    try:
+        key = (os.environ.get(ENV_BACKEND), backend, topk, topk2, num_classes, tuple(stride), pd_scores.device)
+        for t in (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt):
+            if not isinstance(t, torch.Tensor):
+                return None
+            key += (t.shape, t.dtype, t.device)
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def _widens_exactly(narrow: torch.dtype, wide: torch.dtype) -> bool:

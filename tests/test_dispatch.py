@@ -105,3 +105,23 @@ def test_narrow_anchors_are_widened_for_the_kernel(library, spies):
     want = reference.assign(*args, **KW)
     for i in (0, 1, 3, 4):
         assert torch.equal(got[i], want[i])
+
+
+def test_repeated_calls_are_still_checked(library, spies):
+    """A call's shapes and settings, once checked and sent to the kernel, are not checked again; the check that
+    depends on values (labels on the CPU) still runs every time, and any other shape or setting is checked."""
+    args = list(make_problem(0, True))
+    lucid_assign.assign(*args, **KW)
+    lucid_assign.assign(*args, **KW)
+    bad = list(args)
+    bad[3] = args[3].clone()
+    bad[3][bad[5][..., 0] != 0] = 7  # every real object's label out of [0, 7)
+    with pytest.raises(ValueError, match="gt_labels"):
+        lucid_assign.assign(*bad, **KW)
+    bad = list(args)
+    bad[2] = args[2][:-1]
+    with pytest.raises(ValueError, match="anc_points"):
+        lucid_assign.assign(*bad, **KW)
+    with pytest.raises(ValueError, match="num_classes"):
+        lucid_assign.assign(*args, **dict(KW, num_classes=8))
+    assert spies == ["kernel", "kernel"]
