@@ -3,6 +3,7 @@ time, no launch gaps), and the per-kernel GPU time from torch.profiler.
 
     python bench/profile_cuda.py [--cases obb:16:200 obb:16:2000 hbb:16:100] [--topk2 1]
     python bench/train_step.py --objects 60 300 --dump /tmp/calls && python bench/profile_cuda.py --inputs /tmp/calls-m60.pt
+    ncu --clock-control none --kernel-name regex:candidates_topk python bench/profile_cuda.py --inputs ... --plain
 """
 
 import argparse
@@ -92,7 +93,7 @@ def profile(label, x, kw, stride):
 
 
 def census(x, kw, stride):
-    """Rows by path of the CUDA top-k: candidates per real row (<= 64: a warp, <= 2,048: a block, more: big rows)
+    """Rows by path of the CUDA top-k: candidates per real row (<= 64: a warp, <= 4,096: a block, more: big rows)
     and rows with fewer positive metrics than K (their zero-key picks reach outside the candidates)."""
     scores, pd_boxes, anchors, labels, gt_boxes, mask = x
     anchors = anchors.to(gt_boxes.dtype)  # points_in_boxes takes the boxes' dtype
@@ -103,8 +104,8 @@ def census(x, kw, stride):
     n = cand.sum(-1)[real]
     npos = ((metric > 0) & cand).sum(-1)[real]
     print(f"  rows {n.numel()}: candidates <= 32: {(n <= 32).sum().item()}, 33-64: "
-          f"{((n > 32) & (n <= 64)).sum().item()}, 65-2048: {((n > 64) & (n <= 2048)).sum().item()}, > 2048: "
-          f"{(n > 2048).sum().item()}; mean {n.float().mean():.0f}, "
+          f"{((n > 32) & (n <= 64)).sum().item()}, 65-4096: {((n > 64) & (n <= 4096)).sum().item()}, > 4096: "
+          f"{(n > 4096).sum().item()}; mean {n.float().mean():.0f}, "
           f"max {n.max().item()}; fewer positive metrics than K: {(npos < kw['topk']).sum().item()}")
 
 
@@ -114,6 +115,8 @@ def main():
     p.add_argument("--topk2", type=int, default=None)
     p.add_argument("--inputs", nargs="+", default=[],
                    help="files of recorded assigner calls (bench/train_step.py --dump) to profile instead of --cases")
+    p.add_argument("--plain", action="store_true",
+                   help="only run each recorded call twice through the API (for Nsight Compute), no timing")
     args = p.parse_args()
     if args.inputs:
         for path in args.inputs:
@@ -124,9 +127,15 @@ def main():
                 desc = ", ".join(f"{tuple(t.shape)} {str(t.dtype)[6:]}" for t in x)
                 amp = call.get("autocast", False)
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                    if args.plain:
+                        for _ in range(2):
+                            api.assign(*x, backend="kernel", stride=st["stride"], **kw)
+                        torch.cuda.synchronize()
+                        continue
                     profile(f"{path} call {i} (topk {kw['topk']}, topk2 {kw['topk2']}, autocast {amp}; {desc})",
                             x, kw, st["stride"])
-                census(x, kw, st["stride"])
+                if not args.plain:
+                    census(x, kw, st["stride"])
         return
     for case in args.cases:
         kind, batch, objects = case.split(":")
