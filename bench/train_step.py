@@ -129,7 +129,7 @@ def measure(args, objects: int) -> list:
             torch.save(calls, path)
             print(f"saved the inputs of {len(calls)} assigner calls to {path}")
         r.update(step_s=statistics.median(r["times"]), assign_s=inside["synchronised"], stream_s=inside["stream"],
-                 host_s=inside["stream host"],
+                 host_s=inside["stream host"] if torch.device(device).type == "cuda" else None,
                  assigners=sorted({type(a).__name__ for a in originals}))
     return runs
 
@@ -223,7 +223,7 @@ def main(argv=None):
             rows.append(r)
             print(f"{objects:>7} {', '.join(r['assigners']):<34} {r['step_s'] * 1e3:9.1f} {r['assign_s'] * 1e3:16.2f} "
                   f"{100 * r['assign_s'] / r['step_s']:5.2f}% {r['stream_s'] * 1e3:10.2f} {100 * r['stream_s'] / r['step_s']:5.2f}% "
-                  f"{r['host_s'] * 1e3:8.2f}")
+                  f"{'-' if r['host_s'] is None else format(r['host_s'] * 1e3, '.2f'):>8}")
         base, ours = rows[-2], rows[-1]
         # the same figure from the steps in pairs (step i of each: the same batch, run one after the other), which
         # leaves out the machine's drift between steps
