@@ -145,7 +145,7 @@ def _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, 
                backend):
     """What check_inputs and choose_backend depend on, or None when it cannot be hashed (they then run)."""
     try:
-        key = (os.environ.get(ENV_BACKEND), backend, topk, topk2, num_classes, tuple(stride), pd_scores.device)
+        key = (os.environ.get(ENV_BACKEND), backend, topk, topk2, num_classes, tuple(stride))
         for t in (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt):
             if not isinstance(t, torch.Tensor):
                 return None

@@ -125,3 +125,13 @@ def test_repeated_calls_are_still_checked(library, spies):
     with pytest.raises(ValueError, match="num_classes"):
         lucid_assign.assign(*args, **dict(KW, num_classes=8))
     assert spies == ["kernel", "kernel"]
+
+
+@pytest.mark.parametrize("position", range(6))
+def test_a_non_tensor_argument_is_named(position):
+    """Not a tensor: the checks run (the remembered signatures need tensors) and name the argument."""
+    args = list(make_problem(0, True))
+    args[position] = args[position].tolist()
+    names = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+    with pytest.raises(TypeError, match=names[position]):
+        lucid_assign.assign(*args, **KW)
