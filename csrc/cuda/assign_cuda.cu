@@ -15,7 +15,7 @@
 //                            claims its top K; a larger row goes to a list of medium rows.
 //   candidates_topk_kernel   (blocks of 256 taking medium rows from a list) the same selection from a list of up to
 //                            kListCap candidates in shared memory (put in anchor order by a bitmap of the anchors,
-//                            or by a sort when A > kListCap * 32), with a radix select on order-preserving 32-bit
+//                            or by a sort when A > kBitWords * 32), with a radix select on order-preserving 32-bit
 //                            keys and a block scan for the ties. A row with more candidates goes to a list of big
 //                            rows.
 //   big_rows_kernel          (blocks of 512 taking big rows in turn) the same from a bitmap of the row's candidates
