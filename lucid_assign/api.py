@@ -72,7 +72,12 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
     if gt_labels.is_complex() or gt_labels.dtype == torch.bool:
         raise TypeError(f"gt_labels must hold class ids (float or integer), got {gt_labels.dtype}")
     if pd_scores.device.type == "cpu":  # values can be read without a device synchronisation
-        reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
+        _check_label_values(gt_labels, mask_gt, num_classes)
+
+
+def _check_label_values(gt_labels, mask_gt, num_classes):
+    """The one check that reads values (so on the CPU only; CUDA checks labels on the device)."""
+    reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
 
 
 def assign(
@@ -119,8 +124,8 @@ def assign(
             stride_val = reference.stride_value(stride)
             if key is not None and len(_kernel_calls) < _KERNEL_CALLS_MAX:
                 _kernel_calls[key] = stride_val
-    elif pd_scores.device.type == "cpu":  # the one check that depends on values (CUDA checks labels on the device)
-        reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
+    elif pd_scores.device.type == "cpu":
+        _check_label_values(gt_labels, mask_gt, num_classes)
     if stride_val is not None:
         # anchors of a narrower float type (bf16 under autocast, as the peer trainer makes them) are widened by the
         # kernel: exact, and what the reference's type promotion does in every operation

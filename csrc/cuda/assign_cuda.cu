@@ -182,7 +182,7 @@ struct Problem {
   const int64_t* labels;  // (B, M)
   const bool* valid;      // (B, M)
   int64_t B, A, C, M;
-  int D, K, K2;
+  int D, K;  // K2 goes to the second top-k kernels as an argument
   double alpha, beta;
   T eps;
   Prep<T> prep;
@@ -1576,7 +1576,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
       using S = scalar_t;
       Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), w.anc, w.gt,
                       rows.labels, rows.valid, B, A, C, M, static_cast<int>(D),
-                      static_cast<int>(topk), static_cast<int>(topk2), alpha, beta, static_cast<T>(eps),
+                      static_cast<int>(topk), alpha, beta, static_cast<T>(eps),
                       Prep<T>{hbb, obb, w.gprep, w.pprep}, pow_wide};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       const auto* props = at::cuda::getCurrentDeviceProperties();
