@@ -1,26 +1,48 @@
 """Build of lucid_assign._C: the C++ (always) and CUDA (when available) kernels behind torch.ops.lucid.*.
 
-Install with `pip install --no-build-isolation .`: the extension must be compiled against the torch that will import
-it, and build isolation would install a different torch into a throwaway environment.
+The library links against the torch that will import it, so it is compiled against the torch installed in the
+environment it goes to:
+  - `pip install --no-build-isolation .` (or `lucid-assign` from an sdist): the torch of the running environment;
+  - plain `pip install` (build isolation): pip hides the environment's site-packages from the build, and this file
+    looks there for torch and builds against it;
+  - otherwise (no torch installed, or an isolated build environment that would use another torch) it stops with one
+    line that says what to run.
+Commands that only describe or pack the project (metadata, sdist) need no torch.
 
 Knobs (environment variables):
   FORCE_CUDA=1            compile the CUDA sources even when no GPU is visible (needs a CUDA build of torch and nvcc)
   FORCE_CUDA=0            never compile them
-  TORCH_CUDA_ARCH_LIST    GPU architectures, e.g. "9.0" (read by torch.utils.cpp_extension)
+  TORCH_CUDA_ARCH_LIST    GPU architectures, e.g. "9.0" or "8.0;9.0+PTX" (read by torch.utils.cpp_extension)
   MAX_JOBS                parallel compile jobs (read by torch.utils.cpp_extension; defaults to the core count)
   CUDA_HOME               the CUDA toolkit; when unset, /usr/local/cuda is used if it holds nvcc
   DEBUG=1                 -O0 -g (and -lineinfo for CUDA)
+  LUCID_LOCAL_VERSION=1   append what the build is for to the version, e.g. 0.2.0+pt214cu130, and require that torch
+                          minor (scripts/build_wheel.sh sets it)
 Fast-math is never used: the kernels must reproduce the reference bit for bit.
 """
 
 import glob
+import importlib.metadata
 import os
 import shutil
 import sys
+import sysconfig
 
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+TORCH_MIN = (2, 11)  # the oldest torch the test suite ran on (README: tested versions)
+# commands that compile the library; the others (egg_info, dist_info, sdist, ...) need no torch
+BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "bdist_egg", "install", "develop", "editable_wheel"}
+NO_ISOLATION = ("pip install --no-build-isolation lucid-assign (from a clone: pip install --no-build-isolation .; "
+                "setuptools, wheel and ninja must be installed)")
+
+
+def _version():
+    about = {}
+    with open(os.path.join(ROOT, "lucid_assign", "_version.py")) as f:
+        exec(f.read(), about)
+    return about["__version__"]
 
 
 def _default_cuda_home():
@@ -43,23 +65,48 @@ def _default_cuda_home():
             return
 
 
-_default_cuda_home()
-
-import torch  # noqa: E402  (CUDA_HOME must be settled before cpp_extension reads it)
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+def _stop(why):
+    sys.exit(f"lucid-assign: {why}")
 
 
-def _want_cuda():
+def _import_torch():
+    """Import the torch that lucid-assign will run with, or stop with the command to run."""
+    on_path = {os.path.normcase(os.path.abspath(p)) for p in sys.path}
+    env_dirs = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    # pip's isolated build runs this interpreter with the environment's own site-packages taken off sys.path
+    hidden = [d for d in env_dirs if os.path.isdir(d) and os.path.normcase(os.path.abspath(d)) not in on_path]
+    env_torch = next(iter(importlib.metadata.distributions(name="torch", path=hidden)), None) if hidden else None
+    try:
+        import torch
+    except ImportError:
+        if env_torch is None:
+            _stop("the kernels are compiled against the torch they run with, and no torch is installed here: "
+                  "install torch first, then install lucid-assign again (pip builds it against that torch; "
+                  f"builders that isolate the build in an environment of their own need: {NO_ISOLATION})")
+        sys.path.extend(hidden)  # build against the environment's torch, not a throwaway one
+        import torch
+    else:
+        if env_torch is not None and env_torch.version != torch.__version__:
+            _stop(f"this build would compile against torch {torch.__version__} of an isolated build environment, "
+                  f"but torch {env_torch.version} is installed where lucid-assign goes: run {NO_ISOLATION}")
+    found = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if found < TORCH_MIN:
+        _stop(f"needs torch >= {'.'.join(map(str, TORCH_MIN))}, found {torch.__version__}: upgrade torch, then "
+              "install lucid-assign again")
+    return torch
+
+
+def _want_cuda(torch, cuda_home):
     force = os.environ.get("FORCE_CUDA", "")
     if force == "0":
         return False, "FORCE_CUDA=0"
     if torch.version.cuda is None:
         if force == "1":
-            sys.exit("FORCE_CUDA=1 but this torch has no CUDA support (torch %s)" % torch.__version__)
+            _stop("FORCE_CUDA=1 but this torch has no CUDA support (torch %s)" % torch.__version__)
         return False, "torch %s has no CUDA support" % torch.__version__
-    if CUDA_HOME is None:
+    if cuda_home is None:
         if force == "1":
-            sys.exit("FORCE_CUDA=1 but no CUDA toolkit was found: set CUDA_HOME")
+            _stop("FORCE_CUDA=1 but no CUDA toolkit was found: set CUDA_HOME")
         return False, "no CUDA toolkit found (set CUDA_HOME)"
     if force == "1":
         return True, "FORCE_CUDA=1"
@@ -68,14 +115,14 @@ def _want_cuda():
     return False, "no GPU visible (set FORCE_CUDA=1 to build the CUDA kernels anyway)"
 
 
-def _missing_cuda_headers_dir():
+def _missing_cuda_headers_dir(cuda_home):
     """ATen's CUDA headers include cuSPARSE/cuBLAS/cuSOLVER headers that an nvcc-only toolkit may lack.
 
     pip's CUDA build of torch brings them in the `nvidia/cu13` (or cu12) package. Rather than putting that whole
     folder ahead of the toolkit (its cuda_runtime.h could shadow the toolkit's), link only the headers the toolkit
     lacks into a folder of our own and add that folder to the include path.
     """
-    toolkit_inc = os.path.join(CUDA_HOME, "include")
+    toolkit_inc = os.path.join(cuda_home, "include")
     if os.path.exists(os.path.join(toolkit_inc, "cusparse.h")):
         return None
     sources = []
@@ -90,9 +137,9 @@ def _missing_cuda_headers_dir():
     except ImportError:
         pass
     if not any(os.path.exists(os.path.join(s, "cusparse.h")) for s in sources):
-        sys.exit(
-            "The CUDA toolkit at %s has no cusparse.h, which ATen's CUDA headers need, and no pip package "
-            "`nvidia-*` provides it. Install the toolkit's math libraries or torch's CUDA wheels." % CUDA_HOME
+        _stop(
+            "the CUDA toolkit at %s has no cusparse.h, which ATen's CUDA headers need, and no pip package "
+            "`nvidia-*` provides it: install the toolkit's math libraries or torch's CUDA wheels" % cuda_home
         )
     shim = os.path.join(ROOT, "build", "lucid_cuda_include")
     os.makedirs(shim, exist_ok=True)
@@ -107,20 +154,24 @@ def _missing_cuda_headers_dir():
     return shim
 
 
-def _write_build_info(with_cuda, why):
-    """Record how the library was built, for `lucid-assign doctor`."""
-    info = dict(torch=torch.__version__, cuda=with_cuda, why=why, arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST"),
-                cuda_home=CUDA_HOME if with_cuda else None)
+def _local_tag(torch, with_cuda):
+    """What a wheel was built for: pt<major><minor> and cu<cuda version> or cpu, e.g. pt214cu130."""
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    cuda = "cu" + torch.version.cuda.replace(".", "") if with_cuda else "cpu"
+    return f"pt{major}{minor}{cuda}"
+
+
+def _write_build_info(info):
+    """Record how the library was built: lucid_assign._library compares it with the running torch before loading
+    the library, and `lucid-assign doctor` prints it."""
     with open(os.path.join(ROOT, "lucid_assign", "_build_info.py"), "w") as f:
         f.write('"""Written by setup.py at build time."""\n\nBUILD = %r\n' % (info,))
 
 
-def extensions():
-    debug = os.environ.get("DEBUG", "0") == "1"
-    with_cuda, why = _want_cuda()
-    print("lucid-assign: CUDA kernels %s (%s)" % ("ON" if with_cuda else "OFF", why))
-    _write_build_info(with_cuda, why)
+def _extension(torch, with_cuda, cuda_home):
+    from torch.utils.cpp_extension import CppExtension, CUDAExtension
 
+    debug = os.environ.get("DEBUG", "0") == "1"
     sources = [os.path.join("csrc", "ops.cpp"), os.path.join("csrc", "python_module.cpp")]
     sources += sorted(glob.glob(os.path.join("csrc", "cpu", "*.cpp")))
     # The host compiler must not fuse a*b+c either: the CPU kernels share the geometry header with CUDA.
@@ -138,22 +189,49 @@ def extensions():
         nvcc += ["--fmad=false", "-Xcompiler", "-ffp-contract=off"]
         extra["nvcc"] = nvcc
         ext_cls = CUDAExtension
-        shim = _missing_cuda_headers_dir()
+        shim = _missing_cuda_headers_dir(cuda_home)
         if shim:
             include_dirs.append(shim)
         extra["cxx"] = cxx + ["-DLUCID_WITH_CUDA"]
-    return [
-        ext_cls(
-            name="lucid_assign._C",
-            sources=sources,
-            include_dirs=include_dirs,
-            extra_compile_args=extra,
-            extra_link_args=["-fopenmp"],  # resolves to the libgomp.so.1 that torch already loaded
-        )
-    ]
+    # The library uses the dispatcher only (no pybind11, no libtorch_python) and a module init of CPython's stable
+    # ABI, so one build serves every Python >= 3.10 (the file is _C.abi3.so; a wheel is tagged cp310-abi3).
+    return ext_cls(
+        name="lucid_assign._C",
+        sources=sources,
+        include_dirs=include_dirs,
+        extra_compile_args=extra,
+        extra_link_args=["-fopenmp"],  # resolves to the libgomp.so.1 that torch already loaded
+        py_limited_api=True,
+    )
 
 
-setup(
-    ext_modules=extensions(),
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-)
+def main():
+    version = _version()
+    local = os.environ.get("LUCID_LOCAL_VERSION", "0") == "1"
+    building = bool(BUILD_COMMANDS & set(sys.argv[1:]))
+    kwargs = dict(install_requires=["torch>=%d.%d" % TORCH_MIN])
+    if building or local:
+        _default_cuda_home()
+        torch = _import_torch()
+        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension
+
+        with_cuda, why = _want_cuda(torch, CUDA_HOME)
+        if local:
+            version += "+" + _local_tag(torch, with_cuda)
+            major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+            kwargs["install_requires"] = [f"torch>={major}.{minor},<{major}.{minor + 1}"]
+        if building:
+            print("lucid-assign: building against torch %s (%s), CUDA kernels %s (%s)"
+                  % (torch.__version__, os.path.dirname(torch.__file__), "ON" if with_cuda else "OFF", why))
+            _write_build_info(dict(version=version, torch=torch.__version__, cuda=with_cuda, why=why,
+                                   torch_cuda=torch.version.cuda if with_cuda else None,
+                                   arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST") if with_cuda else None))
+            kwargs.update(
+                ext_modules=[_extension(torch, with_cuda, CUDA_HOME)],
+                cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+                options={"bdist_wheel": {"py_limited_api": "cp310"}},
+            )
+    setup(version=version, **kwargs)
+
+
+main()

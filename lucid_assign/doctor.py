@@ -3,6 +3,7 @@ available backend against the reference. Exits non-zero when a backend disagrees
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import shutil
@@ -29,6 +30,16 @@ def _version(cmd, last: bool = False) -> str | None:
     return lines[-1] if last else lines[0]
 
 
+def _installed_version() -> str:
+    """The installed distribution's version (with a wheel's +pt..cu.. tag), else the package's own."""
+    try:
+        return importlib.metadata.version("lucid-assign")
+    except importlib.metadata.PackageNotFoundError:
+        from ._version import __version__
+
+        return f"{__version__} (not installed as a distribution)"
+
+
 def report() -> list:
     lines = [f"python {sys.version.split()[0]} ({platform.platform()})",
              f"torch {torch.__version__}, built with CUDA {torch.version.cuda}"]
@@ -37,18 +48,18 @@ def report() -> list:
     nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
                                     if os.environ.get("CUDA_HOME") else None)
     lines.append(f"nvcc: {_version([nvcc, '--version'], last=True) if nvcc else 'not found'}")
+    lines.append(f"lucid-assign {_installed_version()} at {os.path.dirname(os.path.abspath(__file__))}")
     if _library.loaded():
         lines.append("compiled library: loaded (lucid_assign._C)")
     else:
         lines.append(f"compiled library: NOT loaded: {_library.LOAD_ERROR}")
-    try:
-        from . import _build_info
-
-        info = _build_info.BUILD
+        lines.append(f"  fix: {_library.LOAD_FIX}")
+    info = _library.BUILD
+    if info:
         lines.append(f"built with torch {info.get('torch')}, CUDA kernels {'on' if info.get('cuda') else 'off'} "
                      f"({info.get('why')}), TORCH_CUDA_ARCH_LIST={info.get('arch_list')}")
-    except ImportError:
-        lines.append("build info: not recorded (library not built by this setup.py)")
+    else:
+        lines.append("build info: none (the library was not built by this package's setup.py)")
     b = api.backends()
     lines.append(f"ops with a CPU kernel: {', '.join(b['cpu_ops']) or 'none'}")
     lines.append(f"ops with a CUDA kernel: {', '.join(b['cuda_ops']) or 'none'}")
