@@ -201,6 +201,17 @@ def _kernel_unsupported(device, score_dtype, pd_dtype, anchor_dtype, box_dtype) 
     return None
 
 
+def kernel_fix(device: str, why: str) -> str:
+    """What to do so that the kernel runs, for a reason given by kernel_unsupported."""
+    if not _library.loaded():
+        return _library.LOAD_FIX
+    if not _library.has_kernel("assign", device):
+        return ("build lucid-assign with its CUDA kernels (needs nvcc and a CUDA build of torch): FORCE_CUDA=1 pip "
+                "install --force-reinstall --no-deps --no-cache-dir lucid-assign" if device == "cuda" else
+                f"run the assignment on CPU or CUDA tensors, not {device}")
+    return "pass tensors of the dtypes the kernel takes (float32 boxes and anchors, float32/float16/bfloat16 scores)"
+
+
 def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str:
     """Resolve ``backend`` (and ``LUCID_ASSIGN_BACKEND``) to "kernel" or "reference" for these inputs."""
     forced = os.environ.get(ENV_BACKEND)
@@ -219,7 +230,8 @@ def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) ->
         raise RuntimeError(f"backend='kernel' cannot run: {why}")
     if why not in _warned:  # say it once per reason: users hate silent slow paths
         _warned.add(why)
-        warnings.warn(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}", stacklevel=3)
+        warnings.warn(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}. Fix: "
+                      f"{kernel_fix(pd_scores.device.type, why)}", stacklevel=3)
     return "reference"
 
 

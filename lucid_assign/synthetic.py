@@ -143,3 +143,21 @@ def dota_like_batch(
         stride=list(strides),
         num_objects=counts,
     )
+
+
+def check_batch(obb: bool) -> dict:
+    """A small batch (2 images at 128 px, 336 anchors, 5 classes) that reaches every rare rule of the contract:
+    conflicts, conflicts won by an object that did not claim the anchor, objects under the stride floor, padding
+    rows, exact zero scores, and an object whose predictions all miss, so that its top-k is filled with the
+    lowest-indexed anchors of metric 0. Cheap enough to run at every ``patch()``."""
+    batch = dota_like_batch(batch=2, img_size=128, num_classes=5, objects=(20, 40), obb=obb, seed=8)
+    gt, pd, anc = batch["gt_bboxes"], batch["pd_bboxes"], batch["anc_points"]
+    corner = [14.0, 14.0, 24.0, 20.0, 0.3] if obb else [2.0, 3.0, 26.0, 22.0]
+    gt[0, 0] = torch.tensor(corner)
+    near = (anc[:, 0] < 40) & (anc[:, 1] < 40)
+    shift = torch.tensor([64.0, 64.0, 0.0, 0.0, 0.0] if obb else [64.0] * 4)
+    pd[0, near] += shift  # the predictions near the corner object look elsewhere: overlap 0 there
+    g = torch.Generator().manual_seed(8)
+    scores = batch["pd_scores"]
+    scores[torch.rand(scores.shape, generator=g) < 0.05] = 0.0
+    return batch

@@ -5,8 +5,22 @@
 
 What changes: the names ``TaskAlignedAssigner`` and ``RotatedTaskAlignedAssigner`` of ``ultralytics.utils.loss``,
 which ``v8DetectionLoss``, ``v8OBBLoss`` and ``E2ELoss`` (YOLO26: one assignment with top-k 10 and one with top-k 7
-and top-k2 1) instantiate, become lucid-assign's drop-in classes. Losses built before ``patch()`` keep the assigner
-they have. The speed and memory of the assignment change; its results do not (see the README).
+and top-k2 1) instantiate, become ``LucidTaskAlignedAssigner`` and ``LucidRotatedTaskAlignedAssigner``. Losses built
+before ``patch()`` keep the assigner they have. The speed and memory of the assignment change; its results do not.
+
+- Multi-GPU: the peer trains on several GPUs by writing a script that ``torch.distributed.run`` starts once per GPU;
+  those processes import the peer afresh. While patched, every such script first patches its own process with the
+  same backend, so every rank builds lucid-assign's assigners.
+- The command line: ``lucid-assign yolo ARGS`` runs the peer's ``yolo ARGS`` patched (lucid_assign.__main__).
+- No silent slowdown: with ``backend="auto"``, a call the kernel cannot take (library not loaded, no CUDA kernels
+  built, a dtype it lacks) is handed to the peer's own assigner, so training runs at the peer's speed, and that is
+  said once per reason, with the fix, as a ``FallbackWarning``. ``backend="kernel"`` raises instead;
+  ``backend="reference"`` runs lucid-assign's pure-PyTorch reference.
+- No silent divergence: ``patch()`` runs the installed peer's assigners and lucid-assign's on a small built-in batch
+  (on the CPU, ties to the lower index) and refuses, with ``PeerMismatchError``, when they differ. Exactness was
+  shown for ultralytics 8.4.190; the other 8.4.x releases are accepted when they pass this check.
+- ``LUCID_ASSIGN_VERBOSE=1`` prints, per process, when it is patched and what each patched assigner's first call ran
+  (evidence that every rank of a multi-GPU run uses the kernel).
 
 Left on the peer's code, on purpose: the pose and segmentation assigners (``PoseTaskAlignedAssigner``,
 ``SegTaskAlignedAssigner``), whose overlap is keypoint OKS or mask IoU, not a box overlap; and any call that passes
@@ -20,70 +34,270 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import sys
+import types
+import warnings
 
+import torch
+
+from .. import _library, api, reference
 from .. import assigner as _ours
+from ..synthetic import check_batch
 
 SUPPORTED_VERSIONS = ("8.4.",)  # versions whose assigner interface and loss wiring were checked
+VERIFIED_VERSION = "8.4.190"  # the version the kernels were shown bit-exact against
+_NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner")
 _EXPECTED_ARGS = ("topk", "num_classes", "alpha", "beta", "stride", "eps", "topk2")
-_originals: dict | None = None
+VERBOSE_ENV = "LUCID_ASSIGN_VERBOSE"
+
+_originals: dict | None = None  # the peer's objects that patch() replaced, by name
+_backend = "auto"  # the backend of the current patch
+_said: set = set()
+
+
+class PeerMismatchError(RuntimeError):
+    """The installed peer's assigner gives other results than lucid-assign: patch() refuses."""
+
+
+class FallbackWarning(RuntimeWarning):
+    """A patched assigner cannot run the kernel for the tensors it got and hands the call to the peer's own."""
+
+
+def _verbose(msg: str) -> None:
+    if os.environ.get(VERBOSE_ENV, "0") not in ("", "0"):
+        rank = os.environ.get("RANK")
+        where = f"rank {rank}, " if rank is not None else ""
+        print(f"lucid-assign [{where}pid {os.getpid()}]: {msg}", file=sys.stderr, flush=True)
 
 
 def _peer():
     try:
         import ultralytics
-        from ultralytics.utils import loss, tal
+        from ultralytics.utils import dist, loss, tal
     except ImportError as exc:
         raise ImportError(
             "lucid_assign.integrations.ultralytics needs the ultralytics package "
-            "(pip install ultralytics==8.4.190)"
+            f"(pip install 'lucid-assign[ultralytics]', or ultralytics=={VERIFIED_VERSION})"
         ) from exc
     version = getattr(ultralytics, "__version__", "unknown")
     if not version.startswith(SUPPORTED_VERSIONS):
         raise RuntimeError(
             f"ultralytics {version} is not a version whose assigners lucid-assign was checked against "
-            f"({', '.join(v + 'x' for v in SUPPORTED_VERSIONS)})"
+            f"({', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}; exact for {VERIFIED_VERSION})"
         )
-    for name in ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner"):
-        cls = getattr(loss, name, None)
-        if cls is None:
+    for name in _NAMES:
+        if getattr(loss, name, None) is None:
             raise RuntimeError(f"ultralytics {version}: ultralytics.utils.loss has no {name}; cannot patch")
         params = inspect.signature(getattr(tal, name).__init__).parameters
         missing = [p for p in _EXPECTED_ARGS if p not in params]
         if missing:
             raise RuntimeError(f"ultralytics {version}: {name}() lacks the arguments {missing}; cannot patch")
-    return loss, tal
+    if not callable(getattr(dist, "generate_ddp_file", None)):
+        raise RuntimeError(f"ultralytics {version}: ultralytics.utils.dist has no generate_ddp_file; cannot patch "
+                           "its multi-GPU launch")
+    return version, loss, tal, dist
 
 
-def _wrap(ours_cls, peer_cls, backend: str):
-    class Patched(ours_cls):
-        """lucid-assign's assigner in the peer's loss; extra (non-box) overlap inputs go to the peer's class."""
+# --- the patched classes -------------------------------------------------------------------------------------------
 
-        def __init__(self, *args, **kwargs):
-            kwargs.setdefault("backend", backend)
-            super().__init__(*args, **kwargs)
 
-        def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
-            if extra:
-                peer = peer_cls(topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta,
-                                stride=self.stride, eps=self.eps, topk2=self.topk2)
-                return peer(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra)
-            return super().forward(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+class _Patched:
+    """lucid-assign's assigner inside the peer's loss (module-level, so that a pickled model refers to it by name)."""
 
-    Patched.__name__ = Patched.__qualname__ = f"Lucid{peer_cls.__name__}"
-    return Patched
+    peer_name = ""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("backend", _backend)
+        super().__init__(*args, **kwargs)
+        self.__dict__["_peer_assigner"] = None  # not a submodule: it is a fallback, not part of the model
+        self.__dict__["_first_call"] = True
+
+    def peer(self):
+        """The peer's own assigner with the same settings (built on first use)."""
+        if self._peer_assigner is None:
+            cls = (_originals or {}).get(self.peer_name) or getattr(sys.modules["ultralytics.utils.tal"],
+                                                                    self.peer_name)
+            self.__dict__["_peer_assigner"] = cls(topk=self.topk, num_classes=self.num_classes, alpha=self.alpha,
+                                                  beta=self.beta, stride=self.stride, eps=self.eps, topk2=self.topk2)
+        return self._peer_assigner
+
+    def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
+        if extra:  # keypoint or mask overlaps: not a box assignment
+            return self.peer()(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra)
+        ran = self._fallback_reason(pd_scores, pd_bboxes, anc_points, gt_bboxes)
+        if ran is not None:
+            out = self.peer()(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+        else:
+            out = super().forward(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+        if self._first_call:
+            self.__dict__["_first_call"] = False
+            device = pd_scores.device if isinstance(pd_scores, torch.Tensor) else "?"
+            what = f"the peer's own assigner ({ran})" if ran else f"lucid-assign's {self._effective_backend()}"
+            _verbose(f"{type(self).__name__}(topk={self.topk}, topk2={self.topk2}) ran {what} on {device}")
+        return out
+
+    def _effective_backend(self) -> str:
+        backend = os.environ.get(api.ENV_BACKEND) or self.backend
+        return "kernel" if backend == "auto" else backend  # "auto" reached here means the kernel could run
+
+    def _fallback_reason(self, pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
+        """Why this call goes to the peer (backend "auto" and the kernel cannot take these tensors), or None."""
+        if (os.environ.get(api.ENV_BACKEND) or self.backend) != "auto":
+            return None
+        if not all(isinstance(t, torch.Tensor) for t in (pd_scores, pd_bboxes, anc_points, gt_bboxes)):
+            return None  # the module's checks name the argument
+        why = api.kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes)
+        if why is not None:
+            _say_once(f"lucid-assign: the patched {self.peer_name} cannot run its kernel here ({why}), so these calls "
+                      f"go to ultralytics' own assigner, at its speed. Fix: "
+                      f"{api.kernel_fix(pd_scores.device.type, why)}; or patch(backend='kernel') to make this an "
+                      f"error")
+        return why
+
+
+class LucidTaskAlignedAssigner(_Patched, _ours.TaskAlignedAssigner):
+    """``ultralytics.utils.loss.TaskAlignedAssigner`` while patched."""
+
+    peer_name = "TaskAlignedAssigner"
+
+
+class LucidRotatedTaskAlignedAssigner(_Patched, _ours.RotatedTaskAlignedAssigner):
+    """``ultralytics.utils.loss.RotatedTaskAlignedAssigner`` while patched."""
+
+    peer_name = "RotatedTaskAlignedAssigner"
+
+
+_PATCHED = {"TaskAlignedAssigner": LucidTaskAlignedAssigner,
+            "RotatedTaskAlignedAssigner": LucidRotatedTaskAlignedAssigner}
+
+
+def _say_once(msg: str) -> None:
+    if msg not in _said:
+        _said.add(msg)
+        warnings.warn(msg, FallbackWarning, stacklevel=3)
+
+
+# --- the self-check against the installed peer ---------------------------------------------------------------------
+
+
+def _topk_lower_index(input, k, dim=-1, largest=True, sorted=True):
+    """torch.topk with ties to the lower index (CUDA's order and the contract's rule; the CPU's own order differs)."""
+    order = torch.sort(input, dim=dim, descending=largest, stable=True)
+    return torch.return_types.topk((order.values.narrow(dim, 0, k), order.indices.narrow(dim, 0, k)))
+
+
+class _TorchTiesLow(types.ModuleType):
+    """torch, but for topk: given to the peer's assigner module alone, during the self-check."""
+
+    def __init__(self):
+        super().__init__("torch")
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    topk = staticmethod(_topk_lower_index)
+
+
+def _check_batches():
+    """The built-in check batches (synthetic.check_batch: every rare rule of the contract), HBB and OBB, with the
+    settings of the peer's losses (top-k 10; YOLO26's one-to-one assignment, top-k 7 with top-k2 1)."""
+    for name, obb in (("TaskAlignedAssigner", False), ("RotatedTaskAlignedAssigner", True)):
+        batch = check_batch(obb)
+        inputs = [batch[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")]
+        for topk, topk2 in ((10, None), (7, 1)):
+            yield name, inputs, dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0,
+                                     stride=batch["stride"])
+
+
+def self_check(tal=None) -> str | None:
+    """Run the peer's assigners (module ``tal``) and lucid-assign's reference on the built-in batches on the CPU,
+    ties to the lower index; return None when every output is equal bit for bit, else what differs."""
+    if tal is None:
+        from ultralytics.utils import tal
+    names = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
+    saved = tal.torch
+    tal.torch = _TorchTiesLow()
+    try:
+        for name, inputs, kw in _check_batches():
+            peer = getattr(tal, name)(**kw)
+            with torch.no_grad():
+                theirs = peer(*inputs)
+            ours = reference.assign(*inputs, **kw)
+            for out, a, b in zip(names, ours, theirs):
+                if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
+                    return (f"{name}(topk={kw['topk']}, topk2={kw['topk2']}): {out} differs "
+                            f"({int((a.to(b.dtype) != b).sum()) if a.shape == b.shape else 'shape'} elements)")
+    finally:
+        tal.torch = saved
+    return None
+
+
+# --- multi-GPU: every rank the peer launches patches itself ---------------------------------------------------------
+
+_RANK_PREAMBLE = """\
+# lucid-assign: this rank builds lucid-assign's assigners, as the process that launched it did
+import sys as _lucid_sys
+_lucid_sys.path[:0] = [_p for _p in {paths!r} if _p not in _lucid_sys.path]
+from lucid_assign.integrations import ultralytics as _lucid_ultralytics
+_lucid_ultralytics.patch({backend!r})
+del _lucid_sys, _lucid_ultralytics
+"""
+
+
+def _rank_patched(generate_ddp_file):
+    """The peer's generate_ddp_file, with the script it writes made to patch its rank first."""
+
+    def generate_ddp_file_patched(trainer):
+        path = generate_ddp_file(trainer)
+        with open(path, encoding="utf-8") as f:
+            script = f.read()
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        script = _RANK_PREAMBLE.format(paths=[package_parent], backend=_backend) + script
+        compile(script, path, "exec")  # the peer's script must still be a script (no __future__ import to keep first)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(script)
+        return path
+
+    generate_ddp_file_patched.__wrapped__ = generate_ddp_file
+    generate_ddp_file_patched.__doc__ = generate_ddp_file.__doc__
+    return generate_ddp_file_patched
+
+
+# --- patch / unpatch -----------------------------------------------------------------------------------------------
 
 
 def patch(backend: str = "auto") -> None:
-    """Make the peer's detection and OBB losses build lucid-assign's assigners. Calling it again is harmless (the
-    latest ``backend`` applies)."""
-    global _originals
-    loss, tal = _peer()
+    """Make the peer's detection and OBB losses, in this process and in the ranks of a multi-GPU run it launches,
+    build lucid-assign's assigners. Calling it again is harmless (the latest ``backend`` applies).
+
+    Raises ``PeerMismatchError`` when the installed peer's assigners give other results than lucid-assign's on the
+    built-in check batch, and ``RuntimeError`` for ``backend="kernel"`` when the compiled library is not loaded."""
+    global _originals, _backend
+    if backend not in api.BACKENDS:
+        raise ValueError(f"backend must be one of {api.BACKENDS}, got {backend!r}")
+    version, loss, tal, dist = _peer()
     if _originals is None:
-        _originals = {name: getattr(loss, name) for name in ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner")}
-    loss.TaskAlignedAssigner = _wrap(_ours.TaskAlignedAssigner, _originals["TaskAlignedAssigner"], backend)
-    loss.RotatedTaskAlignedAssigner = _wrap(
-        _ours.RotatedTaskAlignedAssigner, _originals["RotatedTaskAlignedAssigner"], backend
-    )
+        diff = self_check(tal)
+        if diff is not None:
+            raise PeerMismatchError(
+                f"ultralytics {version} assigns differently from lucid-assign on its built-in check batch ({diff}); "
+                f"lucid-assign reproduces ultralytics {VERIFIED_VERSION} exactly, so patch() refuses: install "
+                f"ultralytics=={VERIFIED_VERSION}, or train unpatched")
+    if backend == "kernel" and not _library.loaded():
+        raise RuntimeError(f"patch(backend='kernel'): the compiled library is not loaded ({_library.LOAD_ERROR}). "
+                           f"Fix: {_library.LOAD_FIX}")
+    if backend == "auto" and not _library.loaded():
+        _say_once(f"lucid-assign: the compiled library is not loaded ({_library.LOAD_ERROR}), so the patched "
+                  f"assigners hand every call to ultralytics' own assigner, at its speed. Fix: {_library.LOAD_FIX}")
+    if _originals is None:
+        _originals = {name: getattr(loss, name) for name in _NAMES}
+        _originals["generate_ddp_file"] = dist.generate_ddp_file
+    _backend = backend
+    for name in _NAMES:
+        setattr(loss, name, _PATCHED[name])
+    dist.generate_ddp_file = _rank_patched(_originals["generate_ddp_file"])
+    _verbose(f"patched ultralytics {version} (backend {backend!r})")
 
 
 def unpatch() -> None:
@@ -91,10 +305,11 @@ def unpatch() -> None:
     global _originals
     if _originals is None:
         return
-    from ultralytics.utils import loss
+    from ultralytics.utils import dist, loss
 
-    for name, cls in _originals.items():
-        setattr(loss, name, cls)
+    for name in _NAMES:
+        setattr(loss, name, _originals[name])
+    dist.generate_ddp_file = _originals["generate_ddp_file"]
     _originals = None
 
 
