@@ -4,6 +4,8 @@
     lucid-assign demo    assign a built-in DOTA-like batch with each backend and report what the assigner did
     lucid-assign viz     draw which anchors each object of one image received (PNG)
     lucid-assign doctor  what is installed and built, what backend="auto" uses, and a self-check
+    lucid-assign yolo    the peer trainer's command line (ultralytics' `yolo`), patched: the same arguments, e.g.
+                         lucid-assign yolo obb train data=DOTAv1.yaml model=yolo26n-obb.yaml device=0,1
 """
 
 from __future__ import annotations
@@ -149,6 +151,20 @@ def bench(args) -> int:
     return 0
 
 
+def yolo(args) -> int:
+    """Run the peer's own command line with its detection and OBB losses using lucid-assign's assigners (and every
+    rank of a multi-GPU run it launches)."""
+    from .integrations import ultralytics as integ
+
+    # the peer reads its arguments from sys.argv (bound at its import): replace them in place, before importing it
+    sys.argv[:] = ["yolo", *args.args]
+    integ.patch(args.backend)
+    from ultralytics.cfg import entrypoint
+
+    entrypoint()
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="lucid-assign", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -181,7 +197,17 @@ def main(argv=None) -> int:
 
     viz.add_parser(sub)
     sub.add_parser("doctor", help="versions, build, backend choice, and a self-check of every backend")
+    y = sub.add_parser("yolo", help="the peer's `yolo` command line with lucid-assign's assigners (same arguments)",
+                       description="Runs `yolo ARGS` of the peer trainer (ultralytics) with its detection and OBB "
+                       "losses patched to use lucid-assign's assigners, multi-GPU runs included. Example: "
+                       "lucid-assign yolo obb train data=DOTAv1.yaml model=yolo26n-obb.yaml device=0,1")
+    y.add_argument("--backend", choices=api.BACKENDS, default="auto",
+                   help="lucid-assign's backend (default auto: the kernel where it can run, else the peer's own "
+                   "assigner, with a warning that says why); LUCID_ASSIGN_BACKEND overrides it")
+    y.add_argument("args", nargs=argparse.REMAINDER, help="the peer's arguments, exactly as for `yolo`")
     args = parser.parse_args(argv)
+    if args.command == "yolo":
+        return yolo(args)
     if args.command == "viz":
         viz.run(args)
         return 0

@@ -161,3 +161,46 @@ def check_batch(obb: bool) -> dict:
     scores = batch["pd_scores"]
     scores[torch.rand(scores.shape, generator=g) < 0.05] = 0.0
     return batch
+
+
+def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes: int = 3, objects=(2, 6),
+                       obb: bool = True, seed: int = 0) -> str:
+    """Write a synthetic dataset in the peer trainer's YOLO layout under ``folder`` and return its data YAML's path.
+
+    ``images`` noise images of ``img_size`` pixels with DOTA-like objects (see dota_like_batch; corners clipped to
+    the image), labels ``cls x1 y1 x2 y2 x3 y3 x4 y4`` (OBB) or ``cls cx cy w h`` (HBB), normalised; the same images
+    serve as the validation split. Nothing is downloaded. Needs OpenCV (a dependency of the peer)."""
+    import os
+
+    import cv2
+
+    folder = os.path.abspath(os.fspath(folder))
+    for split in ("images", "labels"):
+        os.makedirs(os.path.join(folder, split, "train"), exist_ok=True)
+    batch = dota_like_batch(batch=images, img_size=img_size, num_classes=num_classes, objects=objects, obb=obb,
+                            seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    for i in range(images):
+        pixels = torch.randint(0, 256, (img_size, img_size, 3), generator=g, dtype=torch.uint8).numpy()
+        cv2.imwrite(os.path.join(folder, "images", "train", f"{i:05d}.png"), pixels)
+        mask = batch["mask_gt"][i, :, 0].bool()
+        boxes = batch["gt_bboxes"][i][mask].double()
+        cls = batch["gt_labels"][i, :, 0][mask].long()
+        if obb:
+            cx, cy, w, h, a = boxes.unbind(-1)
+            u = torch.stack((w / 2 * torch.cos(a), w / 2 * torch.sin(a)), -1)
+            v = torch.stack((-h / 2 * torch.sin(a), h / 2 * torch.cos(a)), -1)
+            c = torch.stack((cx, cy), -1)
+            coords = torch.stack((c + u + v, c + u - v, c - u - v, c - u + v), 1).reshape(-1, 8)
+        else:
+            x1, y1, x2, y2 = boxes.clamp(0, img_size).unbind(-1)
+            coords = torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), -1)
+        coords = (coords / img_size).clamp(0, 1)
+        lines = [" ".join([str(int(k))] + [f"{x:.6f}" for x in row]) for k, row in zip(cls.tolist(), coords.tolist())]
+        with open(os.path.join(folder, "labels", "train", f"{i:05d}.txt"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    yaml = os.path.join(folder, "data.yaml")
+    names = "\n".join(f"  {k}: class{k}" for k in range(num_classes))
+    with open(yaml, "w") as f:
+        f.write(f"path: {folder}\ntrain: images/train\nval: images/train\nnames:\n{names}\n")
+    return yaml
