@@ -1,10 +1,12 @@
 import os
 
-import pytest
-import torch
+os.environ.setdefault("YOLO_OFFLINE", "1")  # the peer must not look for the network (here and in subprocesses)
 
-import lucid_assign
-from lucid_assign import _library
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import lucid_assign  # noqa: E402
+from lucid_assign import _library  # noqa: E402
 
 HAS_GPU = torch.cuda.is_available()
 

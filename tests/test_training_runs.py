@@ -21,10 +21,9 @@ KERNEL_CALLS = ("LucidRotatedTaskAlignedAssigner(topk=10, topk2=10) ran lucid-as
 
 
 @pytest.fixture
-def integ(peer_tal, library, monkeypatch):
+def integ(peer_tal, library):
     from lucid_assign.integrations import ultralytics as integ
 
-    monkeypatch.setenv("YOLO_OFFLINE", "1")
     yield integ
     integ.unpatch()
 
@@ -52,7 +51,7 @@ def test_cli_train_uses_lucid_assign(library, peer_tal, tmp_path):
     data = write_yolo_dataset(tmp_path / "data", images=4, obb=True)
     args = [f"data={data}", "model=yolo26n-obb.yaml", f"project={tmp_path / 'runs'}", "name=cli"]
     args += [f"{k}={v}" for k, v in TRAIN.items()]
-    env = dict(os.environ, LUCID_ASSIGN_VERBOSE="1", YOLO_OFFLINE="1")
+    env = dict(os.environ, LUCID_ASSIGN_VERBOSE="1")
     out = subprocess.run([sys.executable, "-m", "lucid_assign", "yolo", "obb", "train", *args], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
