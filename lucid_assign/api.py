@@ -26,8 +26,10 @@ def _shape(t: torch.Tensor) -> tuple:
     return tuple(t.shape)
 
 
-def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk, topk2, num_classes, stride):
-    """Raise ValueError/TypeError naming the argument when the inputs do not form a valid assignment problem."""
+def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk, topk2, num_classes, stride,
+                 read_values=True):
+    """Raise ValueError/TypeError naming the argument when the inputs do not form a valid assignment problem.
+    ``read_values=False`` leaves out the one check that reads tensor values (labels in range on the CPU)."""
     tensors = dict(
         pd_scores=pd_scores, pd_bboxes=pd_bboxes, anc_points=anc_points, gt_labels=gt_labels, gt_bboxes=gt_bboxes,
         mask_gt=mask_gt,
@@ -71,7 +73,7 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
         raise ValueError(f"stride must be a non-empty list of positive numbers, got {stride}")
     if gt_labels.is_complex() or gt_labels.dtype == torch.bool:
         raise TypeError(f"gt_labels must hold class ids (float or integer), got {gt_labels.dtype}")
-    if pd_scores.device.type == "cpu":  # values can be read without a device synchronisation
+    if read_values and pd_scores.device.type == "cpu":  # values can be read without a device synchronisation
         _check_label_values(gt_labels, mask_gt, num_classes)
 
 
@@ -111,7 +113,40 @@ def assign(
     Returns:
         ``(target_labels (B, A) int64, target_bboxes (B, A, 4|5), target_scores (B, A, C), fg_mask (B, A) bool,
         target_gt_idx (B, A) int64)``. The inputs are not modified.
+
+    Under ``torch.compile`` (``fullgraph=True`` too) the checks of shapes, dtypes and settings and the choice of
+    backend happen once, while the graph is traced (a new object count does not retrace once the count is dynamic);
+    labels out of range are caught by the op itself (CPU: an error; CUDA: a device-side assertion) or, on the
+    reference path, by an assertion in the graph.
     """
+    if torch.compiler.is_compiling():
+        check_inputs(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+            topk=topk, topk2=topk2, num_classes=num_classes, stride=stride, read_values=False,
+        )
+        choice = _traced_choice(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
+                                gt_bboxes.dtype)
+        stride_val = reference.stride_value(stride) if choice == "kernel" else None
+    else:
+        stride_val = _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                   num_classes, stride, backend)
+    if stride_val is not None:
+        # anchors of a narrower float type (bf16 under autocast, as the peer trainer makes them) are widened by the
+        # kernel: exact, and what the reference's type promotion does in every operation
+        return ops.assign(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk, topk2=topk2,
+            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
+        )
+    return reference.assign(
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+        topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
+    )
+
+
+def _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,
+                  backend):
+    """check_inputs and the choice of backend, remembered per signature: the stride value to give the kernel, or
+    None for the reference."""
     key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                      stride, backend)
     stride_val = _kernel_calls.get(key) if key is not None else None
@@ -126,17 +161,7 @@ def assign(
                 _kernel_calls[key] = stride_val
     elif pd_scores.device.type == "cpu":
         _check_label_values(gt_labels, mask_gt, num_classes)
-    if stride_val is not None:
-        # anchors of a narrower float type (bf16 under autocast, as the peer trainer makes them) are widened by the
-        # kernel: exact, and what the reference's type promotion does in every operation
-        return ops.assign(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk, topk2=topk2,
-            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
-        )
-    return reference.assign(
-        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-        topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
-    )
+    return stride_val
 
 
 # A trainer calls assign with the same shapes and settings step after step. The checks and the choice of backend
@@ -214,6 +239,11 @@ def kernel_fix(device: str, why: str) -> str:
 
 def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str:
     """Resolve ``backend`` (and ``LUCID_ASSIGN_BACKEND``) to "kernel" or "reference" for these inputs."""
+    return _choose(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
+                   gt_bboxes.dtype)
+
+
+def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> str:
     forced = os.environ.get(ENV_BACKEND)
     if forced:
         if forced not in BACKENDS:
@@ -223,7 +253,10 @@ def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) ->
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "reference":
         return "reference"
-    why = kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes)
+    key = (device, score_dtype, pd_dtype, anchor_dtype, box_dtype)
+    if key not in _unsupported:
+        _unsupported[key] = _kernel_unsupported(*key)
+    why = _unsupported[key]
     if why is None:
         return "kernel"
     if backend == "kernel":
@@ -231,8 +264,13 @@ def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) ->
     if why not in _warned:  # say it once per reason: users hate silent slow paths
         _warned.add(why)
         warnings.warn(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}. Fix: "
-                      f"{kernel_fix(pd_scores.device.type, why)}", stacklevel=3)
+                      f"{kernel_fix(device, why)}", stacklevel=4)
     return "reference"
+
+
+# torch.compile traces the choice as its result: it reads the environment, the library's registrations and a cache,
+# which the graph does not need to see (they are settled before the first call).
+_traced_choice = torch.compiler.assume_constant_result(_choose)
 
 
 def backends() -> dict:

@@ -223,15 +223,16 @@ def _empty_result(pd_scores, pd_bboxes, gt_bboxes, num_classes):
 
 
 def check_labels(gt_labels: torch.Tensor, valid: torch.Tensor, num_classes: int) -> None:
-    """Labels of real objects must lie in [0, num_classes). On the CPU a ValueError; on other devices an assertion
-    on the device (torch._assert_async), which needs no host synchronisation and, when it fails, surfaces as a
-    device-side assert error at the next synchronisation (the CUDA context is then unusable)."""
+    """Labels of real objects must lie in [0, num_classes). On the CPU a ValueError; on other devices, and under
+    torch.compile, an assertion in the computation (torch._assert_async), which needs no host synchronisation and,
+    when it fails on CUDA, surfaces as a device-side assert error at the next synchronisation (the CUDA context is
+    then unusable)."""
     labels = gt_labels.reshape(valid.shape)
     bad = (labels < 0) | (labels >= num_classes)
     if labels.is_floating_point():
         bad |= labels.isnan()
     bad &= valid
-    if labels.device.type == "cpu":
+    if labels.device.type == "cpu" and not torch.compiler.is_compiling():
         if bad.any():
             raise ValueError(f"gt_labels: real objects (mask_gt != 0) must have labels in [0, {num_classes}); found "
                              f"{labels[bad][:5].tolist()} (first five)")
