@@ -164,12 +164,13 @@ def check_batch(obb: bool) -> dict:
 
 
 def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes: int = 3, objects=(2, 6),
-                       obb: bool = True, seed: int = 0) -> str:
+                       obb: bool = True, seed: int = 0, image_ext: str = "png") -> str:
     """Write a synthetic dataset in the peer trainer's YOLO layout under ``folder`` and return its data YAML's path.
 
     ``images`` noise images of ``img_size`` pixels with DOTA-like objects (see dota_like_batch; corners clipped to
     the image), labels ``cls x1 y1 x2 y2 x3 y3 x4 y4`` (OBB) or ``cls cx cy w h`` (HBB), normalised; the same images
-    serve as the validation split. Nothing is downloaded. Needs OpenCV (a dependency of the peer)."""
+    serve as the validation split (``image_ext`` "png" or "jpg"). Nothing is downloaded. Needs OpenCV (a
+    dependency of the peer)."""
     import os
 
     import cv2
@@ -182,7 +183,7 @@ def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes:
     g = torch.Generator().manual_seed(seed)
     for i in range(images):
         pixels = torch.randint(0, 256, (img_size, img_size, 3), generator=g, dtype=torch.uint8).numpy()
-        cv2.imwrite(os.path.join(folder, "images", "train", f"{i:05d}.png"), pixels)
+        cv2.imwrite(os.path.join(folder, "images", "train", f"{i:05d}.{image_ext}"), pixels)
         mask = batch["mask_gt"][i, :, 0].bool()
         boxes = batch["gt_bboxes"][i][mask].double()
         cls = batch["gt_labels"][i, :, 0][mask].long()

@@ -12,12 +12,16 @@ HAS_GPU = torch.cuda.is_available()
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip `cuda` tests without a GPU. CI sets LUCID_REQUIRE_EXT=1 so that a library that failed to load fails the
-    run instead of skipping the op tests, and LUCID_REQUIRE_PEER=1 for the peer oracle."""
+    """Skip `cuda` tests without a GPU, and `packaging` tests unless LUCID_TEST_PACKAGING=1. CI sets
+    LUCID_REQUIRE_EXT=1 so that a library that failed to load fails the run instead of skipping the op tests,
+    LUCID_REQUIRE_PEER=1 for the peer oracle, and LUCID_TEST_PACKAGING=1."""
     skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_packaging = pytest.mark.skip(reason="builds and installs the sdist and a wheel: set LUCID_TEST_PACKAGING=1")
     for item in items:
         if "cuda" in item.keywords and not HAS_GPU:
             item.add_marker(skip_cuda)
+        if "packaging" in item.keywords and os.environ.get("LUCID_TEST_PACKAGING") != "1":
+            item.add_marker(skip_packaging)
 
 
 @pytest.fixture(scope="session")

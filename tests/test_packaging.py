@@ -1,0 +1,181 @@
+"""The sdist and the wheel, built from a clean copy of the repository and installed into fresh virtual environments
+(no source tree on sys.path), as a user gets them. Slow (a compile per build and a torch per environment), so these
+run only with LUCID_TEST_PACKAGING=1 (CI sets it); they need pip to reach the package index (or its cache).
+
+- the sdist holds every C++/CUDA source and header and every module, whatever machine built it (it is built in an
+  isolated environment without torch);
+- the wheel (scripts/build_wheel.sh, against the torch running these tests) says what it was built for in its
+  version, holds every subpackage and the compiled library, and, installed with its torch into a fresh environment,
+  passes `lucid-assign doctor`, imports the integration and trains one patched step with the kernel;
+- the sdist installed with plain `pip install` into a fresh environment that has another torch (2.13.0, CPU) builds
+  against that torch; the wheel built for this torch, forced into that environment, is reported at import with the
+  reason and the fix, and doctor shows both.
+"""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.packaging
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OTHER_TORCH = "torch==2.13.0"  # a CPU build that lies on the development machines' disk (README: tested versions)
+
+
+def run(cmd, cwd, env=None, timeout=1800):
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{' '.join(map(str, cmd))} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return out
+
+
+def clean_env(**extra):
+    """The environment without this checkout's virtual environment and paths."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(extra)
+    return env
+
+
+def fresh_venv(path, *requirements):
+    run([sys.executable, "-m", "venv", str(path)], cwd=path.parent)
+    python = str(path / "bin" / "python")
+    if requirements:
+        run([python, "-m", "pip", "install", "-q", *requirements], cwd=path.parent, env=clean_env())
+    return python
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A clean copy of the repository: the files git tracks (or, outside a checkout, the tree without build
+    outputs), as a fresh clone would have them."""
+    dst = tmp_path_factory.mktemp("src") / "lucid-assign"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True)
+    if listed.returncode == 0:
+        for name in filter(None, listed.stdout.decode().split("\0")):
+            if os.path.isfile(os.path.join(ROOT, name)):
+                os.makedirs(os.path.dirname(dst / name), exist_ok=True)
+                shutil.copy2(os.path.join(ROOT, name), dst / name)
+    else:
+        shutil.copytree(ROOT, dst, ignore=shutil.ignore_patterns(".venv", "build", "dist", "*.so", "__pycache__",
+                                                                  "_build_info.py", "*.egg-info"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def dist(source):
+    """scripts/build_wheel.sh in the clean copy, against the torch running the tests: (sdist, wheel)."""
+    env = clean_env(PYTHON=sys.executable, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    if os.environ.get("FORCE_CUDA") == "1":  # CI's build: one architecture and its PTX keep the compile short
+        env["TORCH_CUDA_ARCH_LIST"] = os.environ.get("LUCID_WHEEL_ARCH_LIST", "9.0+PTX")
+    run(["bash", "scripts/build_wheel.sh", "dist"], cwd=source, env=env)
+    (sdist,) = glob.glob(str(source / "dist" / "*.tar.gz"))
+    (wheel,) = glob.glob(str(source / "dist" / "*.whl"))
+    return sdist, wheel
+
+
+def _built_with_cuda():
+    return os.environ.get("FORCE_CUDA") == "1" or (torch.cuda.is_available() and os.environ.get("FORCE_CUDA") != "0")
+
+
+def test_sdist_holds_every_source(source, dist):
+    sdist, _ = dist
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    wanted = set()
+    for top in ("csrc", "lucid_assign"):
+        for folder, _, files in os.walk(source / top):
+            for f in files:
+                if f.endswith((".h", ".cuh", ".cpp", ".cu", ".py")) and f != "_build_info.py":
+                    wanted.add(os.path.relpath(os.path.join(folder, f), source))
+    assert any(n.endswith(".cu") for n in wanted) and any(n.endswith(".h") for n in wanted)
+    assert wanted - names == set(), f"missing from the sdist: {sorted(wanted - names)}"
+    for must in ("setup.py", "pyproject.toml", "MANIFEST.in", "CMakeLists.txt", "LICENSE", "README.md"):
+        assert must in names
+    assert not any(n.endswith((".so", "_build_info.py")) for n in names)
+
+
+def test_wheel_names_what_it_was_built_for(dist):
+    _, wheel = dist
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    tag = f"pt{major}{minor}" + ("cu" + torch.version.cuda.replace(".", "") if _built_with_cuda() else "cpu")
+    name = os.path.basename(wheel)
+    assert name.startswith("lucid_assign-0.2.0+" + tag + "-") and name.endswith("-cp310-abi3-linux_x86_64.whl"), name
+    files = set(zipfile.ZipFile(wheel).namelist())
+    for must in ("lucid_assign/_C.abi3.so", "lucid_assign/_build_info.py", "lucid_assign/integrations/__init__.py",
+                 "lucid_assign/integrations/ultralytics.py", "lucid_assign/api.py", "lucid_assign/reference.py"):
+        assert must in files, must
+    meta = zipfile.ZipFile(wheel).read(next(f for f in files if f.endswith("METADATA"))).decode()
+    assert f"Requires-Dist: torch<{major}.{int(minor) + 1},>={major}.{minor}" in meta
+
+
+TRAIN_STEP = """
+import os, sys, torch
+import lucid_assign
+assert os.path.realpath(lucid_assign.__file__).startswith(os.path.realpath(sys.prefix)), lucid_assign.__file__
+from lucid_assign.integrations import ultralytics as lu
+from lucid_assign.synthetic import dota_like_batch
+lu.patch("kernel")
+from ultralytics.cfg import get_cfg
+from ultralytics.nn.tasks import OBBModel
+from ultralytics.utils import DEFAULT_CFG
+torch.manual_seed(0)
+model = OBBModel("yolo26n-obb.yaml", nc=3, verbose=False)
+model.args = get_cfg(DEFAULT_CFG)
+s = dota_like_batch(batch=2, img_size=64, num_classes=3, objects=(2, 5), obb=True, seed=1)
+mask = s["mask_gt"][..., 0].bool()
+boxes = s["gt_bboxes"][mask].clone()
+boxes[:, :4] /= 64
+batch = {"img": torch.rand(2, 3, 64, 64), "cls": s["gt_labels"][mask],
+         "batch_idx": torch.arange(2)[:, None].expand_as(mask)[mask].float(), "bboxes": boxes.clamp(0, 1)}
+loss, _ = model.loss(batch)
+loss.sum().backward()
+crit = model.criterion
+print("ASSIGNERS", sorted({type(p.assigner).__name__ for p in (crit.one2many, crit.one2one)}), float(loss.sum()))
+"""
+
+
+def test_wheel_in_a_fresh_environment(dist, tmp_path):
+    """The wheel with its torch (and the peer, to train a step) in a fresh environment, run outside any source tree."""
+    _, wheel = dist
+    python = fresh_venv(tmp_path / "venv", f"torch=={torch.__version__.split('+')[0]}")
+    run([python, "-m", "pip", "install", "-q", wheel, "ultralytics==8.4.190", "cloudpickle>=3.1.1"], cwd=tmp_path,
+        env=clean_env())
+    doctor = run([str(tmp_path / "venv" / "bin" / "lucid-assign"), "doctor"], cwd=tmp_path, env=clean_env()).stdout
+    assert "compiled library: loaded (lucid_assign._C)" in doctor and "all checks passed" in doctor, doctor
+    assert f"built with torch {torch.__version__}" in doctor, doctor
+    cuda_ops = next(ln for ln in doctor.splitlines() if ln.startswith("ops with a CUDA kernel"))
+    assert ("assign" in cuda_ops) == _built_with_cuda(), cuda_ops
+    step = run([python, "-c", TRAIN_STEP], cwd=tmp_path, env=clean_env(LUCID_ASSIGN_VERBOSE="1")).stdout
+    assert "ASSIGNERS ['LucidRotatedTaskAlignedAssigner']" in step, step
+
+
+def test_sdist_builds_against_the_torch_of_the_environment(dist, tmp_path):
+    """Plain `pip install` of the sdist (build isolation on) into an environment with another torch builds against
+    that torch; the wheel built for the tests' torch, forced into it, is refused at import with the reason and the
+    fix."""
+    sdist, wheel = dist
+    python = fresh_venv(tmp_path / "venv", OTHER_TORCH)
+    other = run([python, "-c", "import torch; print(torch.__version__)"], cwd=tmp_path, env=clean_env()).stdout.strip()
+    run([python, "-m", "pip", "install", "-q", "--no-cache-dir", sdist], cwd=tmp_path,
+        env=clean_env(FORCE_CUDA="0", MAX_JOBS=os.environ.get("MAX_JOBS", "2")))
+    doctor = run([python, "-m", "lucid_assign", "doctor"], cwd=tmp_path, env=clean_env()).stdout
+    assert f"built with torch {other}" in doctor and "compiled library: loaded" in doctor, doctor
+    assert "all checks passed" in doctor, doctor
+
+    run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel], cwd=tmp_path,
+        env=clean_env())
+    imported = subprocess.run([python, "-c", "import lucid_assign; print(lucid_assign.backends()['library'])"],
+                              cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+    assert imported.returncode == 0 and imported.stdout.strip() == "False", imported.stderr
+    assert f"was built for torch {torch.__version__}, but torch {other} is running" in imported.stderr
+    assert "Fix: rebuild it against the torch you run" in imported.stderr
+    doctor = subprocess.run([python, "-m", "lucid_assign", "doctor"], cwd=tmp_path, env=clean_env(),
+                            capture_output=True, text=True).stdout
+    assert "compiled library: NOT loaded: lucid_assign._C was built for torch" in doctor, doctor
+    assert "  fix: rebuild it against the torch you run" in doctor, doctor
