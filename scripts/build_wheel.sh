@@ -8,7 +8,7 @@
 #   PYTHON=python3.11 bash scripts/build_wheel.sh             # the torch of that interpreter
 #   TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX" bash scripts/build_wheel.sh dist
 #   FORCE_CUDA=0 bash scripts/build_wheel.sh                  # a CPU-only wheel
-# The environment needs torch, setuptools>=64, wheel and ninja; `build` for the sdist.
+# The environment needs torch, setuptools>=64, wheel, ninja and build (nothing is fetched).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
@@ -23,8 +23,8 @@ archs = ['7.5', '8.0', '8.6', '8.9', '9.0'] + (['10.0', '12.0'] if cuda >= (12, 
 print(';'.join(archs[:-1] + [archs[-1] + '+PTX']))")
   export TORCH_CUDA_ARCH_LIST
 fi
-# the sdist holds every source whatever this machine can compile; it needs no torch (an isolated build of its own)
-"$PY" -m build --sdist --outdir "$OUT" .
+# the sdist holds every source whatever this machine can compile (MANIFEST.in); packing it needs no torch
+"$PY" -m build --sdist --no-isolation --outdir "$OUT" .
 export FORCE_CUDA="${FORCE_CUDA:-1}" LUCID_LOCAL_VERSION=1
 echo "lucid-assign wheel: torch $("$PY" -c 'import torch; print(torch.__version__)'), FORCE_CUDA=$FORCE_CUDA," \
      "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
