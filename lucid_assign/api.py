@@ -201,7 +201,11 @@ def device_unsupported(device: str) -> str | None:
 
 def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
     """Why the compiled assign cannot take these inputs, or None when it can."""
-    key = (pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype, gt_bboxes.dtype)
+    return _unsupported_for(pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
+                            gt_bboxes.dtype)
+
+
+def _unsupported_for(*key) -> str | None:
     if key not in _unsupported:  # depends on the device type and dtypes alone: asked once per combination
         _unsupported[key] = _kernel_unsupported(*key)
     return _unsupported[key]
@@ -234,7 +238,8 @@ def kernel_fix(device: str, why: str) -> str:
         return ("build lucid-assign with its CUDA kernels (needs nvcc and a CUDA build of torch): FORCE_CUDA=1 pip "
                 "install --force-reinstall --no-deps --no-cache-dir lucid-assign" if device == "cuda" else
                 f"run the assignment on CPU or CUDA tensors, not {device}")
-    return "pass tensors of the dtypes the kernel takes (float32 boxes and anchors, float32/float16/bfloat16 scores)"
+    return ("pass tensors of the dtypes the kernel takes (float32 boxes and anchors with float32/float16/bfloat16 "
+            "scores; on the CPU also float64 boxes and scores)")
 
 
 def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str:
@@ -253,10 +258,7 @@ def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> 
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "reference":
         return "reference"
-    key = (device, score_dtype, pd_dtype, anchor_dtype, box_dtype)
-    if key not in _unsupported:
-        _unsupported[key] = _kernel_unsupported(*key)
-    why = _unsupported[key]
+    why = _unsupported_for(device, score_dtype, pd_dtype, anchor_dtype, box_dtype)
     if why is None:
         return "kernel"
     if backend == "kernel":
@@ -264,7 +266,7 @@ def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> 
     if why not in _warned:  # say it once per reason: users hate silent slow paths
         _warned.add(why)
         warnings.warn(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}. Fix: "
-                      f"{kernel_fix(device, why)}", stacklevel=4)
+                      f"{kernel_fix(device, why)}", stacklevel=5)  # the caller of assign
     return "reference"
 
 

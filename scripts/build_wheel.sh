@@ -29,6 +29,9 @@ export FORCE_CUDA="${FORCE_CUDA:-1}" LUCID_LOCAL_VERSION=1
 echo "lucid-assign wheel: torch $("$PY" -c 'import torch; print(torch.__version__)'), FORCE_CUDA=$FORCE_CUDA," \
      "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
 rm -rf build/lib* build/temp*  # never reuse objects compiled for another torch or architecture list
+# setup.py records the build in lucid_assign/_build_info.py: keep the record of an in-place build of this tree
+INFO=lucid_assign/_build_info.py
+if [ -f "$INFO" ]; then cp "$INFO" "$INFO.keep"; trap 'mv -f "$INFO.keep" "$INFO"' EXIT; fi
 "$PY" -m pip wheel --no-build-isolation --no-deps --wheel-dir "$OUT" .
 "$PY" - "$OUT" <<'EOF'
 import glob, os, sys, zipfile
