@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+DISABLED = os.environ.get("LUCID_ASSIGN_DISABLE_EXT", "0") == "1"
 LOAD_ERROR: str | None = None
 LOAD_FIX: str | None = None
 BUILD: dict | None = None  # how the library was built (setup.py writes lucid_assign/_build_info.py)
@@ -33,7 +34,7 @@ def _minor(version: str) -> tuple:
 def _load() -> tuple[str | None, str | None]:
     """Load the library; return (why it is not loaded, how to fix it), or (None, None)."""
     global BUILD
-    if os.environ.get("LUCID_ASSIGN_DISABLE_EXT", "0") == "1":
+    if DISABLED:
         return "disabled by LUCID_ASSIGN_DISABLE_EXT=1", "unset LUCID_ASSIGN_DISABLE_EXT"
     running = _minor(torch.__version__)
     fix = REBUILD.format(torch=".".join(running))
@@ -53,7 +54,7 @@ def _load() -> tuple[str | None, str | None]:
 
 
 LOAD_ERROR, LOAD_FIX = _load()
-if LOAD_ERROR is not None and LOAD_FIX != "unset LUCID_ASSIGN_DISABLE_EXT":
+if LOAD_ERROR is not None and not DISABLED:
     warnings.warn(f"lucid_assign: the compiled kernels are not available ({LOAD_ERROR}); only the slower "
                   f"pure-PyTorch reference can run. Fix: {LOAD_FIX}", LibraryWarning, stacklevel=2)
 
