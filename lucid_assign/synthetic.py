@@ -175,6 +175,8 @@ def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes:
 
     import cv2
 
+    from .viz import corners
+
     folder = os.path.abspath(os.fspath(folder))
     for split in ("images", "labels"):
         os.makedirs(os.path.join(folder, split, "train"), exist_ok=True)
@@ -188,11 +190,8 @@ def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes:
         boxes = batch["gt_bboxes"][i][mask].double()
         cls = batch["gt_labels"][i, :, 0][mask].long()
         if obb:
-            cx, cy, w, h, a = boxes.unbind(-1)
-            u = torch.stack((w / 2 * torch.cos(a), w / 2 * torch.sin(a)), -1)
-            v = torch.stack((-h / 2 * torch.sin(a), h / 2 * torch.cos(a)), -1)
-            c = torch.stack((cx, cy), -1)
-            coords = torch.stack((c + u + v, c + u - v, c - u - v, c - u + v), 1).reshape(-1, 8)
+            coords = torch.tensor([[x for point in corners(box) for x in point] for box in boxes.tolist()],
+                                  dtype=torch.float64).reshape(-1, 8)
         else:
             x1, y1, x2, y2 = boxes.clamp(0, img_size).unbind(-1)
             coords = torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), -1)
