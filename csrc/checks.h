@@ -1,14 +1,30 @@
-// Argument checks shared by every backend: each message names the argument and shows the bad value.
+// The argument checks of the ops, one function per op, called by each backend's implementation before its own
+// limits (the CUDA kernels take float32 boxes only). Each message names the argument and shows the bad value.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <initializer_list>
 
 namespace lucid {
 
-// Validates the inputs of the containment pass; returns the box width (4 or 5).
+// (B, M, 1) or (B, M): one value per object row.
+inline bool is_rows(const at::Tensor& t, int64_t B, int64_t M) {
+  return (t.dim() == 3 && t.size(0) == B && t.size(1) == M && t.size(2) == 1) ||
+         (t.dim() == 2 && t.size(0) == B && t.size(1) == M);
+}
+
+// Every tensor of `others` on the device of `first`.
+inline void check_one_device(const at::Tensor& first, std::initializer_list<const at::Tensor*> others) {
+  for (const auto* t : others) {
+    TORCH_CHECK(t->device() == first.device(), "all inputs must be on one device: got ", first.device(), " and ",
+                t->device());
+  }
+}
+
+// torch.ops.lucid.points_in_boxes (step 1): returns the box width (4 or 5).
 inline int64_t check_points_in_boxes_args(const at::Tensor& anc_points, const at::Tensor& gt_bboxes,
                                           const at::Tensor& mask_gt, double stride_val) {
   TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(1) == 2, "anc_points must be (A, 2), got ",
@@ -29,11 +45,13 @@ inline int64_t check_points_in_boxes_args(const at::Tensor& anc_points, const at
   return gt_bboxes.size(2);
 }
 
-// Validates the inputs of the fused assignment; returns the box width (4 or 5). Label ranges are checked by the
-// backend (the CPU can read them; the GPU must not synchronise).
-inline int64_t check_assign_args(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                                 const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                                 int64_t topk, int64_t topk2, int64_t num_classes, double stride_val) {
+// The inputs of steps 2-6 that describe pairs: scores, predicted and object boxes and labels. Returns their sizes.
+struct PairDims {
+  int64_t B, A, C, M, D;
+};
+
+inline PairDims check_pair_inputs(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& gt_labels,
+                                  const at::Tensor& gt_bboxes) {
   TORCH_CHECK(pd_scores.dim() == 3, "pd_scores must be (B, A, C), got ", pd_scores.sizes());
   const int64_t B = pd_scores.size(0), A = pd_scores.size(1), C = pd_scores.size(2);
   TORCH_CHECK(gt_bboxes.dim() == 3 && (gt_bboxes.size(2) == 4 || gt_bboxes.size(2) == 5) && gt_bboxes.size(0) == B,
@@ -41,38 +59,81 @@ inline int64_t check_assign_args(const at::Tensor& pd_scores, const at::Tensor& 
   const int64_t M = gt_bboxes.size(1), D = gt_bboxes.size(2);
   TORCH_CHECK(pd_bboxes.dim() == 3 && pd_bboxes.size(0) == B && pd_bboxes.size(1) == A && pd_bboxes.size(2) == D,
               "pd_bboxes must be (B, A, ", D, ") = (", B, ", ", A, ", ", D, "), got ", pd_bboxes.sizes());
-  TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(0) == A && anc_points.size(1) == 2,
-              "anc_points must be (A, 2) with A = ", A, ", got ", anc_points.sizes());
-  auto is_bm1 = [&](const at::Tensor& t) {
-    return (t.dim() == 3 && t.size(0) == B && t.size(1) == M && t.size(2) == 1) ||
-           (t.dim() == 2 && t.size(0) == B && t.size(1) == M);
-  };
-  TORCH_CHECK(is_bm1(gt_labels), "gt_labels must be (B, M, 1) = (", B, ", ", M, ", 1), got ", gt_labels.sizes());
-  TORCH_CHECK(is_bm1(mask_gt), "mask_gt must be (B, M, 1) = (", B, ", ", M, ", 1), got ", mask_gt.sizes());
-  TORCH_CHECK(num_classes == C, "num_classes is ", num_classes, " but pd_scores has ", C, " classes");
+  TORCH_CHECK(is_rows(gt_labels, B, M), "gt_labels must be (B, M, 1) = (", B, ", ", M, ", 1), got ", gt_labels.sizes());
   const auto box_t = gt_bboxes.scalar_type();
   TORCH_CHECK(box_t == at::kFloat || box_t == at::kDouble, "gt_bboxes must be float32 or float64, got ", box_t);
   TORCH_CHECK(pd_bboxes.scalar_type() == box_t, "pd_bboxes must have the dtype of gt_bboxes (", box_t, "), got ",
               pd_bboxes.scalar_type());
-  const auto anc_t = anc_points.scalar_type();
-  TORCH_CHECK(anc_t == box_t || (c10::isFloatingType(anc_t) && c10::promoteTypes(anc_t, box_t) == box_t),
-              "anc_points must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", anc_t);
   const auto st = pd_scores.scalar_type();
   const bool scores_ok = box_t == at::kFloat ? (st == at::kFloat || st == at::kHalf || st == at::kBFloat16)
                                              : st == at::kDouble;
   TORCH_CHECK(scores_ok, "pd_scores must be float32, float16 or bfloat16 with float32 boxes, or float64 with float64 ",
               "boxes; got ", st, " with ", box_t, " boxes");
   TORCH_CHECK(!at::isComplexType(gt_labels.scalar_type()), "gt_labels must be real, got ", gt_labels.scalar_type());
-  for (const auto* t : {&pd_bboxes, &anc_points, &gt_labels, &gt_bboxes, &mask_gt}) {
-    TORCH_CHECK(t->device() == pd_scores.device(), "all inputs must be on one device: pd_scores is on ",
-                pd_scores.device(), ", another input on ", t->device());
-  }
+  check_one_device(pd_scores, {&pd_bboxes, &gt_labels, &gt_bboxes});
+  return {B, A, C, M, D};
+}
+
+// torch.ops.lucid.pair_overlaps (step 2): returns the box width (4 or 5).
+inline int64_t check_pair_overlaps_args(const at::Tensor& gt_bboxes, const at::Tensor& pd_bboxes) {
+  TORCH_CHECK(gt_bboxes.dim() == 2 && (gt_bboxes.size(1) == 4 || gt_bboxes.size(1) == 5),
+              "gt_bboxes must be (N, 4) or (N, 5), got ", gt_bboxes.sizes());
+  TORCH_CHECK(pd_bboxes.sizes() == gt_bboxes.sizes(), "pd_bboxes must have the shape of gt_bboxes ",
+              gt_bboxes.sizes(), ", got ", pd_bboxes.sizes());
+  TORCH_CHECK(gt_bboxes.scalar_type() == at::kFloat || gt_bboxes.scalar_type() == at::kDouble,
+              "gt_bboxes must be float32 or float64, got ", gt_bboxes.scalar_type());
+  TORCH_CHECK(pd_bboxes.scalar_type() == gt_bboxes.scalar_type(), "pd_bboxes must have the dtype of gt_bboxes (",
+              gt_bboxes.scalar_type(), "), got ", pd_bboxes.scalar_type());
+  check_one_device(gt_bboxes, {&pd_bboxes});
+  return gt_bboxes.size(1);
+}
+
+// torch.ops.lucid.box_metrics (step 2, dense).
+inline PairDims check_box_metrics_args(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
+                                       const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
+                                       const at::Tensor& candidates) {
+  const PairDims d = check_pair_inputs(pd_scores, pd_bboxes, gt_labels, gt_bboxes);
+  TORCH_CHECK(candidates.dim() == 3 && candidates.size(0) == d.B && candidates.size(1) == d.M &&
+                  candidates.size(2) == d.A && candidates.scalar_type() == at::kBool,
+              "candidates must be (B, M, A) = (", d.B, ", ", d.M, ", ", d.A, ") bool, got ", candidates.sizes(), " ",
+              candidates.scalar_type());
+  check_one_device(pd_scores, {&candidates});
+  return d;
+}
+
+// torch.ops.lucid.resolve_conflicts (step 4, dense).
+inline void check_resolve_conflicts_args(const at::Tensor& mask_pos, const at::Tensor& overlaps) {
+  TORCH_CHECK(mask_pos.dim() == 3 && mask_pos.scalar_type() == at::kBool, "mask_pos must be (B, M, A) bool, got ",
+              mask_pos.sizes(), " ", mask_pos.scalar_type());
+  TORCH_CHECK(overlaps.sizes() == mask_pos.sizes(), "overlaps must have the shape of mask_pos ", mask_pos.sizes(),
+              ", got ", overlaps.sizes());
+  TORCH_CHECK(overlaps.scalar_type() == at::kFloat || overlaps.scalar_type() == at::kDouble,
+              "overlaps must be float32 or float64, got ", overlaps.scalar_type());
+  check_one_device(mask_pos, {&overlaps});
+}
+
+// torch.ops.lucid.assign (steps 1-6). Label ranges are checked by the backend (the CPU can read them; the GPU must
+// not synchronise).
+inline PairDims check_assign_args(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
+                                  const at::Tensor& anc_points, const at::Tensor& gt_labels,
+                                  const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2,
+                                  int64_t num_classes, double stride_val) {
+  const PairDims d = check_pair_inputs(pd_scores, pd_bboxes, gt_labels, gt_bboxes);
+  TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(0) == d.A && anc_points.size(1) == 2,
+              "anc_points must be (A, 2) with A = ", d.A, ", got ", anc_points.sizes());
+  TORCH_CHECK(is_rows(mask_gt, d.B, d.M), "mask_gt must be (B, M, 1) = (", d.B, ", ", d.M, ", 1), got ",
+              mask_gt.sizes());
+  TORCH_CHECK(num_classes == d.C, "num_classes is ", num_classes, " but pd_scores has ", d.C, " classes");
+  const auto box_t = gt_bboxes.scalar_type(), anc_t = anc_points.scalar_type();
+  TORCH_CHECK(anc_t == box_t || (c10::isFloatingType(anc_t) && c10::promoteTypes(anc_t, box_t) == box_t),
+              "anc_points must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", anc_t);
+  check_one_device(pd_scores, {&anc_points, &mask_gt});
   TORCH_CHECK(topk >= 1, "topk must be >= 1, got ", topk);
   TORCH_CHECK(topk2 >= 1, "topk2 must be >= 1, got ", topk2);
-  TORCH_CHECK(M == 0 || (topk <= A && topk2 <= A), "topk (", topk, ") and topk2 (", topk2,
-              ") must not exceed the number of anchors (", A, ")");
+  TORCH_CHECK(d.M == 0 || (topk <= d.A && topk2 <= d.A), "topk (", topk, ") and topk2 (", topk2,
+              ") must not exceed the number of anchors (", d.A, ")");
   TORCH_CHECK(std::isfinite(stride_val) && stride_val > 0, "stride_val must be a positive number, got ", stride_val);
-  return D;
+  return d;
 }
 
 }  // namespace lucid

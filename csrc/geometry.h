@@ -1,7 +1,7 @@
 // Box geometry shared by the CPU and CUDA kernels. Torch-free, header-only, host and device.
 //
-// Every function here follows SPEC.md step by step, as a chain of separately rounded operations in the same order as
-// the pure-PyTorch reference (lucid_assign/reference.py). On the device the rounding of each step is made explicit
+// Every function here is a step of docs/spec.md, as a chain of separately rounded operations in the same order as the
+// pure-PyTorch reference (lucid_assign/reference.py). On the device the rounding of each step is made explicit
 // with __f*_rn / __d*_rn intrinsics so that nvcc can never fuse a multiply and an add that the reference rounds apart;
 // the host build uses -ffp-contract=off for the same reason.
 //
@@ -133,7 +133,7 @@ LUCID_HD T pow_scalar(T x, double e) {
   return pow_(x, static_cast<T>(e));
 }
 
-// ---- candidate regions (SPEC step 1) ----------------------------------------------------------------------------
+// ---- step 1, containment: candidate regions ----------------------------------------------------------------------
 // The containment threshold of the axis-aligned test: strict, with a margin of 1e-9 in the box's precision.
 template <typename T>
 LUCID_HD T hbb_margin() {
@@ -210,11 +210,18 @@ LUCID_HD bool obb_contains(const ObbRegion<T>& r, T px, T py) {
   return dab >= T(0) && dab <= r.nab && dad >= T(0) && dad <= r.nad;
 }
 
-// ---- pair overlaps (SPEC step 2) ---------------------------------------------------------------------------------
+// ---- step 2, overlap: CIoU and probiou ---------------------------------------------------------------------------
 constexpr double kIouEps = 1e-7;
 
-// Complete-IoU of ground truth g and prediction p (x1 y1 x2 y2), not clamped. atan_g and atan_p are the per-box
-// atan(w / (h + eps)) of each box (w = x2 - x1, h = y2 - y1), computed by the backend's math library.
+// The argument of CIoU's aspect term for box x1 y1 x2 y2: w / (h + eps). Its atan comes from the backend's math
+// library (per box, once), the one the reference uses on that device.
+template <typename T>
+LUCID_HD T ciou_aspect(T x1, T y1, T x2, T y2) {
+  return div(sub(x2, x1), add(sub(y2, y1), T(kIouEps)));
+}
+
+// Complete-IoU of ground truth g and prediction p (x1 y1 x2 y2), not clamped. atan_g and atan_p are the atan of each
+// box's ciou_aspect.
 template <typename T>
 LUCID_HD T ciou(T gx1, T gy1, T gx2, T gy2, T px1, T py1, T px2, T py2, T atan_g, T atan_p) {
   const T eps = T(kIouEps);
@@ -299,16 +306,6 @@ LUCID_HD T probiou(T gx, T gy, const Gauss<T>& g, T px, T py, const Gauss<T>& p)
   const auto pre = probiou_pre(gx, gy, g, px, py, p);
   const T bd = probiou_bd(pre.t12, log_(probiou_log_arg(pre.det, sqrt_(pre.q))));
   return sub(T(1), sqrt_(probiou_sqrt_arg(exp_(-bd))));
-}
-
-// ---- step 8 with non-finite metrics -----------------------------------------------------------------------------
-// In the dense form of step 8 the metric and overlap of every candidate pair are multiplied by the positive mask
-// (align' = align * pos), so a non-positive pair with a NaN or infinite metric, or a NaN overlap, gives NaN, and the
-// row maxima pa, po of step 8 become NaN; then n = align' * po / (pa + eps) is NaN for every anchor of the image and
-// so is every normalised metric (and every score: one-hot * NaN). A row is poisoned so when a candidate pair has a
-// NaN metric or overlap, or more of its candidate pairs have an infinite metric than of the pairs it finally owns.
-LUCID_HD bool row_poisoned(bool nan_seen, int64_t inf_candidates, int64_t inf_owned) {
-  return nan_seen || inf_candidates > inf_owned;
 }
 
 }  // namespace geom

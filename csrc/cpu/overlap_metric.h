@@ -1,10 +1,11 @@
-// Per-pair quantities of SPEC step 2 on the CPU: containment, overlap and alignment metric of (image b, object m,
-// anchor a), computed from per-box values prepared once. Used by the pass ops and by the fused assign.
+// Step 2 on the CPU, overlap: per-box values prepared once (BoxPrep) and the overlaps of batches of pairs from them
+// (OverlapBatch). Used by the ops pair_overlaps and box_metrics and by the fused assign; the metric itself is
+// rules::align_metric.
 //
 // Transcendental functions come from ATen, the math library the reference uses on the CPU, so that overlaps carry
 // the reference's exact bits: per box (atan of the aspect ratio, cos/sin of the angle) and, in batches, per pair
-// (sqrt, log and exp of probiou; ATen's CPU sqrt is not always the correctly rounded one). ATen evaluates those the same way wherever an element sits in a tensor. The exception
-// is pow with a general exponent (the metric's o^beta, s^alpha): ATen's differs between vector bodies and tails,
+// (sqrt, log and exp of probiou; ATen's CPU sqrt is not always the correctly rounded one). ATen evaluates those the
+// same way wherever an element sits in a tensor. The exception is pow with a general exponent (the metric's o^beta, s^alpha): ATen's differs between vector bodies and tails,
 // so the reference's own bits depend on a pair's position; the C library's pow is used, within an ulp of either.
 #pragma once
 
@@ -27,16 +28,19 @@ struct BoxPrep {
   static BoxPrep make(const at::Tensor& boxes) {
     BoxPrep p;
     const auto flat = boxes.reshape({-1, boxes.size(-1)});
+    const int64_t n = flat.size(0);
     if (boxes.size(-1) == 4) {
-      const auto w = flat.select(1, 2) - flat.select(1, 0);
-      const auto h = flat.select(1, 3) - flat.select(1, 1) + geom::kIouEps;
-      p.holder = (w / h).atan().contiguous();
+      const auto box = flat.contiguous();
+      const T* d = box.data_ptr<T>();
+      auto aspect = at::empty({n}, flat.options());
+      T* r = aspect.data_ptr<T>();
+      for (int64_t i = 0; i < n; ++i) r[i] = geom::ciou_aspect(d[4 * i], d[4 * i + 1], d[4 * i + 2], d[4 * i + 3]);
+      p.holder = aspect.atan_();
       p.width = 1;
     } else {
       const auto theta = flat.select(1, 4);
       const auto cos_t = theta.cos().contiguous(), sin_t = theta.sin().contiguous();
       const auto wh = flat.narrow(1, 2, 2).contiguous();
-      const int64_t n = flat.size(0);
       p.holder = at::empty({n, 3}, flat.options());
       const T* c = cos_t.data_ptr<T>();
       const T* s = sin_t.data_ptr<T>();
@@ -113,53 +117,6 @@ class OverlapBatch {
   int64_t d_;
   std::vector<T> t12_, det_, arg_, val_;
 };
-
-// Candidate regions of every (b, m) row, with the side floor applied to real objects.
-template <typename T>
-struct Regions {
-  std::vector<geom::HbbRegion<T>> hbb;
-  std::vector<geom::ObbRegion<T>> obb;
-  int64_t box_dim = 4;
-
-  // boxes: contiguous (B*M, D); valid: (B*M) bool
-  static Regions make(const at::Tensor& boxes, const bool* valid, T stride_val) {
-    Regions r;
-    r.box_dim = boxes.size(-1);
-    const auto flat = boxes.reshape({-1, r.box_dim}).contiguous();
-    const int64_t n = flat.size(0);
-    const T* b = flat.data_ptr<T>();
-    if (r.box_dim == 4) {
-      r.hbb.resize(n);
-      for (int64_t i = 0; i < n; ++i) {
-        const T* x = b + 4 * i;
-        r.hbb[i] = geom::hbb_candidate_region<T>(x[0], x[1], x[2], x[3], valid[i], stride_val);
-      }
-    } else {
-      const auto theta = flat.select(1, 4);
-      const auto cos_t = theta.cos().contiguous(), sin_t = theta.sin().contiguous();
-      const T* c = cos_t.data_ptr<T>();
-      const T* s = sin_t.data_ptr<T>();
-      r.obb.resize(n);
-      for (int64_t i = 0; i < n; ++i) {
-        const T* x = b + 5 * i;
-        r.obb[i] = geom::obb_candidate_region<T>(x[0], x[1], x[2], x[3], c[i], s[i], valid[i], stride_val);
-      }
-    }
-    return r;
-  }
-
-  bool contains(int64_t row, T px, T py) const {
-    return box_dim == 4 ? geom::hbb_contains(hbb[row], px, py) : geom::obb_contains(obb[row], px, py);
-  }
-};
-
-template <typename S, typename T>
-inline T score_pow(S s, double alpha) {
-  // x.pow(alpha) on a tensor of dtype S: PyTorch first rounds the exponent to S (0.7 becomes 0.7002 in float16),
-  // then computes in the op math type and rounds the result to S.
-  const double e = static_cast<double>(static_cast<S>(alpha));
-  return static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), e)));
-}
 
 }  // namespace cpu
 }  // namespace lucid

@@ -1,0 +1,88 @@
+// torch.ops.lucid.assign on the CPU: the steps of docs/spec.md without any (B, M, A) tensor. The passes, in the
+// headers beside this file, run one after another, each parallel over rows, images or anchors:
+//   candidate_topk.h  steps 1-3  each real row: containment, overlap and metric of the anchors inside, its top K
+//                                with the zero fill -> claims (B*M*K) and per-row notes on non-finite metrics
+//   conflicts.h       step 4     per anchor: its claimant, or the first row with the largest overlap over all M rows
+//                                -> owner, metric and overlap (B*A)
+//   second_topk.h     step 5     (K2 != K) each row keeps the K2 best of what it owns -> owner
+//   targets.h         step 6     per row the maxima over what it owns (B*M), then per anchor the outputs
+// Working memory beyond the outputs: O(B*M*K + B*A + B*M) (problem.h), and per-box values (B*M + B*A).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "cpu/candidate_topk.h"
+#include "cpu/conflicts.h"
+#include "cpu/problem.h"
+#include "cpu/second_topk.h"
+#include "cpu/targets.h"
+
+namespace lucid {
+namespace cpu {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cpu(
+    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
+    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2, int64_t num_classes,
+    double alpha, double beta, double eps, double stride_val) {
+  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                       num_classes, stride_val);
+  const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
+  const auto box_t = gt_bboxes.scalar_type();
+  auto opts = pd_scores.options();
+  auto target_labels = at::empty({B, A}, opts.dtype(at::kLong));
+  auto target_bboxes = at::empty({B, A, D}, opts.dtype(box_t));
+  auto target_scores = at::zeros({B, A, C}, opts.dtype(box_t));
+  auto fg_mask = at::empty({B, A}, opts.dtype(at::kBool));
+  auto target_gt_idx = at::empty({B, A}, opts.dtype(at::kLong));
+  if (M == 0) {  // every anchor is background
+    target_labels.fill_(num_classes);
+    target_bboxes.zero_();
+    fg_mask.zero_();
+    target_gt_idx.zero_();
+    return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+  }
+  const auto valid = mask_gt.reshape({B, M}).ne(0).contiguous();
+  const auto labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
+  {
+    const auto bad = valid & ((labels < 0) | (labels >= C));
+    TORCH_CHECK(!bad.any().item<bool>(), "gt_labels: real objects (mask_gt != 0) must have labels in [0, ", C,
+                "); found ", labels.masked_select(bad).slice(0, 0, 5), " (first five)");
+  }
+  const auto scores = pd_scores.contiguous();
+  // anchors of a narrower float type (checked) widen exactly
+  const auto pd = pd_bboxes.contiguous(), gt = gt_bboxes.contiguous();
+  const auto anc = anc_points.to(gt_bboxes.scalar_type()).contiguous();
+  AT_DISPATCH_FLOATING_TYPES(box_t, "assign_cpu", [&] {
+    using T = scalar_t;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cpu_scores", [&] {
+      using S = scalar_t;
+      const Problem<S, T> P{scores.data_ptr<S>(),
+                            pd.data_ptr<T>(),
+                            anc.data_ptr<T>(),
+                            gt.data_ptr<T>(),
+                            labels.data_ptr<int64_t>(),
+                            valid.data_ptr<bool>(),
+                            B, A, C, M, D, topk, topk2, alpha, beta, static_cast<T>(eps),
+                            BoxPrep<T>::make(gt),
+                            BoxPrep<T>::make(pd),
+                            Regions<T>::make(gt, valid.data_ptr<bool>(), static_cast<T>(stride_val))};
+      Workspace<T> w(B, A, M, topk);
+      candidate_topk(P, w);
+      resolve_owners(P, w);
+      if (topk2 != topk) second_topk(P, w);
+      targets(P, w,
+              Outputs<T>{target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(), target_scores.data_ptr<T>(),
+                         fg_mask.data_ptr<bool>(), target_gt_idx.data_ptr<int64_t>()});
+    });
+  });
+  return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lucid, CPU, m) { m.impl("assign", &assign_cpu); }
+
+}  // namespace cpu
+}  // namespace lucid

@@ -1,0 +1,103 @@
+// The assignment's rules on single values, shared by the CPU and CUDA passes: torch-free, header-only, host and
+// device. Each is a step of docs/spec.md, computed as the reference computes it (lucid_assign/reference.py), with
+// the separately rounded arithmetic of geometry.h. A CPU pass and a CUDA pass that apply the same rule call the same
+// function here, so the backends agree by construction.
+#pragma once
+
+#include <cstdint>
+
+#include "geometry.h"
+
+namespace lucid {
+namespace rules {
+
+// ---- step 2, the metric ----------------------------------------------------------------------------------------
+// s.pow(alpha) for a score s of dtype S, in the op math type T: PyTorch first rounds the exponent to S (0.7 becomes
+// 0.7002 in float16), computes in T and rounds the result to S. in_float32: the power under CUDA autocast (amp.h),
+// which runs pow in float32 on the widened score with a float32 exponent.
+template <typename S, typename T>
+LUCID_HD T score_pow(S s, double alpha, bool in_float32 = false) {
+  if (in_float32) return geom::pow_scalar(static_cast<T>(s), static_cast<double>(static_cast<float>(alpha)));
+  const double e = static_cast<double>(static_cast<S>(alpha));
+  return static_cast<T>(static_cast<S>(geom::pow_scalar(static_cast<T>(s), e)));
+}
+
+// align = s^alpha * o^beta of a candidate pair.
+template <typename S, typename T>
+LUCID_HD T align_metric(S s, T overlap, double alpha, double beta, bool pow_in_float32 = false) {
+  return geom::mul(score_pow<S, T>(s, alpha, pow_in_float32), geom::pow_scalar(overlap, beta));
+}
+
+// ---- steps 3-5, ranking ----------------------------------------------------------------------------------------
+// Whether value v at index i ranks before value w at index j: the larger first, NaN above every number (NaNs tie
+// with each other), ties to the lower index. The order of both top-k selections (steps 3 and 5), and the first
+// maximum of step 4's argmax over the rows (torch.argmax: NaN is the maximum, the first one wins).
+template <typename T>
+LUCID_HD bool ranks_before(T v, int64_t i, T w, int64_t j) {
+  const bool nv = geom::isnan_(v), nw = geom::isnan_(w);
+  if (nv || nw) return nv && nw ? i < j : nv;
+  if (v != w) return v > w;
+  return i < j;
+}
+
+// The first maximum of values offered with their indices, in any order (argmax with NaN as the maximum).
+template <typename T>
+struct FirstMax {
+  T value = T(0);
+  int64_t index = -1;  // -1: nothing offered yet
+  LUCID_HD void offer(T v, int64_t i) {
+    if (index < 0 || ranks_before(v, i, value, index)) {
+      value = v;
+      index = i;
+    }
+  }
+};
+
+// ---- step 4, conflicts, in the dense form --------------------------------------------------------------------
+// One anchor of the (B, M, A) tensors: mask, overlaps and out hold its M rows at a distance of `stride`. An anchor
+// positive for two or more rows keeps only the first row with the largest overlap over all M rows; out must
+// already hold the mask.
+template <typename T>
+LUCID_HD void resolve_anchor(const bool* mask, const T* overlaps, int64_t M, int64_t stride, bool* out) {
+  int count = 0;
+  for (int64_t m = 0; m < M && count < 2; ++m) count += mask[m * stride];
+  if (count < 2) return;
+  FirstMax<T> best;
+  for (int64_t m = 0; m < M; ++m) best.offer(overlaps[m * stride], m);
+  for (int64_t m = 0; m < M; ++m) out[m * stride] = m == best.index;
+}
+
+// ---- step 6, normalised scores ---------------------------------------------------------------------------------
+// A row's maximum (of metric or overlap) over all A anchors from its maximum over the anchors it owns: the anchors
+// it does not own count 0.
+template <typename T>
+LUCID_HD T row_max(T owned_max, bool owns_every_anchor) {
+  return owns_every_anchor ? owned_max : geom::max_(owned_max, T(0));
+}
+
+// An owned anchor's score: align * po / (pa + eps) (multiplied first), with pa, po the row maxima; with two or more
+// rows, the maximum over the rows includes the 0 of every row that does not own the anchor.
+template <typename T>
+LUCID_HD T normalised(T align, T pa, T po, T eps, bool several_rows) {
+  const T n = geom::div(geom::mul(align, po), geom::add(pa, eps));
+  return several_rows ? geom::max_(n, T(0)) : n;
+}
+
+// The scores are one-hot * norm: off the label 0 * norm, which is NaN when norm is not finite.
+template <typename T>
+LUCID_HD T off_label_score(T norm) {
+  return geom::mul(T(0), norm);
+}
+
+// Non-finite metrics. In the dense form of step 6 the metric and overlap of every candidate pair are multiplied by
+// the positive mask (align' = align * pos), so a non-positive pair with a NaN or infinite metric, or a NaN overlap,
+// gives NaN, and the row maxima pa, po become NaN; then align' * po / (pa + eps) is NaN for every anchor of the
+// image and so is every normalised metric (and every score: one-hot * NaN). A row is poisoned so when a candidate
+// pair has a NaN metric or overlap, or more of its candidate pairs have an infinite metric than of the pairs it
+// finally owns.
+LUCID_HD bool row_poisoned(bool nan_seen, int64_t inf_candidates, int64_t inf_owned) {
+  return nan_seen || inf_candidates > inf_owned;
+}
+
+}  // namespace rules
+}  // namespace lucid
