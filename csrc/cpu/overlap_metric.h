@@ -5,8 +5,9 @@
 // Transcendental functions come from ATen, the math library the reference uses on the CPU, so that overlaps carry
 // the reference's exact bits: per box (atan of the aspect ratio, cos/sin of the angle) and, in batches, per pair
 // (sqrt, log and exp of probiou; ATen's CPU sqrt is not always the correctly rounded one). ATen evaluates those the
-// same way wherever an element sits in a tensor. The exception is pow with a general exponent (the metric's o^beta, s^alpha): ATen's differs between vector bodies and tails,
-// so the reference's own bits depend on a pair's position; the C library's pow is used, within an ulp of either.
+// same way wherever an element sits in a tensor. The exception is pow with a general exponent (the metric's o^beta,
+// s^alpha): ATen's differs between vector bodies and tails, so the reference's own bits depend on a pair's position;
+// the C library's pow is used, within an ulp of either.
 #pragma once
 
 #include <ATen/ATen.h>

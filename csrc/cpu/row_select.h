@@ -43,7 +43,9 @@ class BestK {
   }
 
  private:
-  static bool cmp(const Entry<T>& x, const Entry<T>& y) { return rules::ranks_before(x.align, x.anchor, y.align, y.anchor); }
+  static bool cmp(const Entry<T>& x, const Entry<T>& y) {
+    return rules::ranks_before(x.align, x.anchor, y.align, y.anchor);
+  }
   int64_t k_;
   std::vector<Entry<T>> heap_;
 };

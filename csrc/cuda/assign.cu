@@ -1,0 +1,214 @@
+// torch.ops.lucid.assign on the GPU: the steps of docs/spec.md, bit for bit as the reference on CUDA, without any
+// (B, M, A) tensor and without host synchronisation (CUDA-graph capturable).
+//
+// Design note. Seven launches per call (nine with a second top-k), no memset: the host time of a call is mostly its
+// launches. Each launch, its file beside this one, what it reads and what it writes:
+//
+//   prepare_kernel (prepare.cuh, anchor_index.cuh)
+//       block 0: the anchor index, the anchors bucketed by a 64 x 64 grid of cells over their bounding box (A ints).
+//       The other blocks: clear the workspace's counters; per object its candidate region (step 1, with the side
+//       floor) and per object and prediction the values of its overlaps (step 2): B*M regions + (B*M + B*A) * 3.
+//   candidate_topk_{small,medium,large}_rows_kernel (candidate_topk.cuh, block_select.cuh)       steps 1-3
+//       each real object row visits the anchors of the cells under its region, computes overlap and metric of
+//       those inside and selects its top K over all A anchors (zero fill). Rows of at most 64 candidates are done
+//       by a warp; others by a block from a list in shared memory; rows of more than 4,096 by a block with a list
+//       in dynamic shared memory. Writes the claims (B*M*K anchor, metric, overlap), per anchor the claim count and
+//       the claimant (integer atomicAdd / atomicMax), per row its notes on non-finite metrics.
+//   owners_from_claims_kernel, conflict_owners_kernel (conflicts.cuh)                          step 4
+//       per anchor: no claim, background; one claim, its claimant; more, the first row with the largest overlap
+//       over all M rows, recomputed by a warp. Writes owner, metric and overlap (B*A) and per row the maxima and
+//       counts of what it owns (integer atomicMax on order-preserving keys), or, with a second top-k, the list of
+//       what it owns (B*M*32).
+//   second_topk_short_rows_kernel, second_topk_scan_rows_kernel (second_topk.cuh)   step 5, only when K2 != K
+//       each row keeps the K2 best of what it owns: `keep` (B*A) and the row maxima.
+//   targets_kernel (targets.cuh)                                                               step 6
+//       per anchor the outputs; the scores are normalised by the row maxima.
+//
+// Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*M*K + B*A + B*M) and all are
+// carved from one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only;
+// results do not depend on the order of threads. Indices into (B, A, C) and (B, M, ...) arrays are 64-bit.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+
+#include "amp.h"
+#include "checks.h"
+#include "cuda/anchor_index.cuh"
+#include "cuda/candidate_topk.cuh"
+#include "cuda/conflicts.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/prepare.cuh"
+#include "cuda/problem.cuh"
+#include "cuda/second_topk.cuh"
+#include "cuda/targets.cuh"
+#include "cuda/workspace.cuh"
+
+namespace lucid {
+namespace gpu {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cuda(
+    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
+    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2, int64_t num_classes,
+    double alpha, double beta, double eps, double stride_val) {
+  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                       num_classes, stride_val);
+  const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
+  const c10::cuda::CUDAGuard guard(pd_scores.device());
+  TORCH_CHECK(A < std::numeric_limits<int32_t>::max() / 2, "lucid.assign: too many anchors (", A, ")");
+  TORCH_CHECK(topk < std::numeric_limits<int32_t>::max() && topk2 < std::numeric_limits<int32_t>::max(),
+              "topk and topk2 must fit in 32 bits");
+  const auto box_t = gt_bboxes.scalar_type();
+  auto opts = pd_scores.options();
+  auto target_labels = at::empty({B, A}, opts.dtype(at::kLong));
+  auto target_bboxes = at::empty({B, A, D}, opts.dtype(box_t));
+  auto target_scores = at::empty({B, A, C}, opts.dtype(box_t));
+  auto fg_mask = at::empty({B, A}, opts.dtype(at::kBool));
+  auto target_gt_idx = at::empty({B, A}, opts.dtype(at::kLong));
+  if (M == 0) {
+    target_labels.fill_(num_classes);
+    target_bboxes.zero_();
+    target_scores.zero_();
+    fg_mask.zero_();
+    target_gt_idx.zero_();
+    return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+  }
+  if (B * A == 0) return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const bool pow_wide = scores_pow_in_float32();  // set by the autocast kernel for float16/bfloat16 scores
+  // float32 mask and labels (any strides) are converted by prep_kernel; others by ATen here
+  const bool rows_in_kernel = mask_gt.scalar_type() == at::kFloat && gt_labels.scalar_type() == at::kFloat;
+  at::Tensor valid_t, labels_t;
+  if (!rows_in_kernel) {
+    valid_t = mask_gt.reshape({B, M}).ne(0).contiguous();
+    labels_t = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
+  }
+  const auto scores = pd_scores.contiguous();
+  // the anchors (float32, or float16/bfloat16 widened by prep_kernel) are read once, into the workspace
+  // gt_bboxes is read as given (any strides) by prep_kernel, which copies it to the workspace
+  const auto pd = pd_bboxes.contiguous(), anc = anc_points.contiguous();
+  TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
+              " (the Python API falls back to the reference for other dtypes)");
+  {
+    using T = float;
+    // every working buffer is carved from one allocation; the counters, which must start at zero, come first and
+    // are cleared by prep_kernel
+    const bool second = topk2 != topk;
+    Workspace<T> w;
+    Layout probe;
+    w.carve(probe, B, A, M, topk, second, D);
+    auto workspace = at::empty({probe.size()}, opts.dtype(at::kByte));
+    Layout real{workspace.data_ptr<uint8_t>()};
+    w.carve(real, B, A, M, topk, second, D);
+    const Regions<T> regions{reinterpret_cast<geom::HbbRegion<T>*>(w.regions),
+                             reinterpret_cast<geom::ObbRegion<T>*>(w.regions)};
+    // (B, M, k) or (B, M) inputs by their batch, row and last strides (the last is 0 for a 2-d one: k is 0 there)
+    auto rows_in = [M](const auto* p, const at::Tensor& t) {
+      return RowsIn<std::remove_cv_t<std::remove_pointer_t<decltype(p)>>>{p, M, t.stride(0), t.stride(1),
+                                                                          t.dim() == 3 ? t.stride(2) : 0};
+    };
+    const RowInputs rows =
+        rows_in_kernel
+            ? RowInputs{rows_in(mask_gt.const_data_ptr<float>(), mask_gt),
+                        rows_in(gt_labels.const_data_ptr<float>(), gt_labels), w.valid, w.labels}
+            : RowInputs{{}, {}, valid_t.data_ptr<bool>(), labels_t.data_ptr<int64_t>()};
+    // the counters, the anchor index (block 0) and the per-box values
+    const PrepArgs<T> prep{rows_in(gt_bboxes.const_data_ptr<T>(), gt_bboxes), w.gt, rows, pd.data_ptr<T>(),
+                           AnchorsIn{anc.const_data_ptr(), anc.scalar_type()},
+                           B * M, B * A, A, static_cast<int>(D), static_cast<T>(stride_val), regions, w.gvals,
+                           w.pvals, reinterpret_cast<uint4*>(workspace.data_ptr()), w.zero_words, w.anc,
+                           w.cell_of_anchor, w.axes, w.cell_offsets, w.cell_sorted};
+    prepare_kernel<T><<<1 + blocks_for(B * M + B * A, kPrepThreads), kPrepThreads, 0, stream>>>(prep);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const CellIndex cells{w.axes, w.cell_offsets, w.cell_sorted};
+    const RowNotes notes{w.nan_seen, w.inf_cand, w.img_flag, M};
+    const Claims<T> claims{w.claim_anchor, w.claim_align, w.claim_ov, w.count, w.claimant, A, M,
+                           static_cast<int>(topk)};
+    const OwnerSink sink{w.stats, second ? w.own_n : nullptr, w.own_list};
+
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
+      using S = scalar_t;
+      Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), w.anc, w.gt,
+                      rows.labels, rows.valid, B, A, C, M, static_cast<int>(D),
+                      static_cast<int>(topk), alpha, beta, static_cast<T>(eps),
+                      Prep<T>{regions, w.gvals, w.pvals}, pow_wide};
+      TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
+      const auto* props = at::cuda::getCurrentDeviceProperties();
+      // steps 1-3: the claims, and the per-anchor claim counts
+      candidate_topk_small_rows_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(
+          P, cells, notes, claims, w.medium_rows, w.medium_n);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      {
+        auto kernel = candidate_topk_medium_rows_kernel<S, T>;
+        kernel<<<persistent_grid(kernel, kThreads, 0, B * M), kThreads, 0, stream>>>(
+            P, cells, notes, claims, w.medium_rows, w.medium_n, w.medium_next, w.big_rows, w.big_n);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      {
+        auto kernel = candidate_topk_large_rows_kernel<S, T>;
+        const int64_t avail = static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_smem(kernel);
+        // cap: the (key, anchor) pairs that fit next to the bitmap; -1 when not even the bitmap fits (then every
+        // large row takes the recompute path)
+        const int64_t room = avail - big_row_smem(A, 0);
+        const int64_t cap = room < 0 ? -1 : std::min<int64_t>(A, room / 8);
+        const int64_t smem = cap < 0 ? 0 : big_row_smem(A, cap);
+        raise_smem_limit(kernel, smem);
+        kernel<<<persistent_grid(kernel, kBigThreads, smem, B * M), kBigThreads, smem, stream>>>(
+            P, cells, notes, claims, w.big_rows, w.big_n, cap);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      // step 4: the owners
+      owners_from_claims_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
+          B * A, A, M, static_cast<int>(topk), w.count, w.claimant, w.claim_align, w.claim_ov, sink, w.owner,
+          w.own_align, w.own_ov, w.conflicts, w.n_conf);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      {
+        // enough warps to fill the device; each takes conflicted anchors from the list in turn
+        const int64_t grid = std::min<int64_t>(props->multiProcessorCount * 8, blocks_for(B * A, kWarps));
+        conflict_owners_kernel<S, T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
+            P, w.conflicts, reinterpret_cast<const int64_t*>(w.n_conf), sink, w.owner, w.own_align, w.own_ov);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+      if (second) {
+        // step 5
+        second_topk_short_rows_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(
+            P, notes, w.own_n, w.own_list, w.own_align, w.own_ov, static_cast<int>(topk2), w.keep, w.stats,
+            w.slow_rows, w.slow_n);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        auto kernel = second_topk_scan_rows_kernel<S, T>;
+        kernel<<<persistent_grid(kernel, kThreads, 0, B * M), kThreads, 0, stream>>>(
+            P, notes, w.owner, w.own_align, w.own_ov, static_cast<int>(topk2), w.keep, w.stats, w.slow_rows,
+            w.slow_n);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
+    });
+    // step 6: the targets
+    const TargetArgs<T> out{w.owner, second ? w.keep : nullptr, w.own_align, w.stats, notes, rows.labels,
+                            w.gt, B, M, A, C, static_cast<int>(D), static_cast<T>(eps),
+                            target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(),
+                            target_scores.data_ptr<T>(), fg_mask.data_ptr<bool>(), target_gt_idx.data_ptr<int64_t>()};
+    if (C < std::numeric_limits<int32_t>::max() / kThreads) {  // 32-bit index math within a block's scores
+      targets_kernel<T, int32_t><<<blocks_for(B * A), kThreads, 0, stream>>>(out);
+    } else {
+      targets_kernel<T, int64_t><<<blocks_for(B * A), kThreads, 0, stream>>>(out);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lucid, CUDA, m) { m.impl("assign", &assign_cuda); }
+
+}  // namespace gpu
+}  // namespace lucid
+

@@ -1,0 +1,165 @@
+// The fused assignment on the GPU: the problem description every pass reads (Problem), the entry of one candidate
+// pair with its order key, and the records the passes hand on (RowNotes, Claims, RowStats, OwnerSink).
+#pragma once
+
+#include <c10/macros/Macros.h>
+
+#include <cstdint>
+
+#include "cuda/containment.cuh"
+#include "cuda/launch.cuh"
+#include "cuda/overlap_metric.cuh"
+#include "rules.h"
+
+namespace lucid {
+namespace gpu {
+
+constexpr uint32_t kZeroKey = 0x80000000u;
+
+// Order-preserving key of a metric: larger key = ranks first. NaN ranks above every number; -0 ties with +0.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  if (v != v) return 0xFFFFFFFFu;
+  if (v == 0.0f) return kZeroKey;
+  const uint32_t bits = __float_as_uint(v);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+__device__ __forceinline__ float key_to_float(uint32_t k) {
+  if (k == 0xFFFFFFFFu) return __int_as_float(0x7fc00000);
+  const uint32_t bits = (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k;
+  return __uint_as_float(bits);
+}
+
+template <typename T>
+struct Entry {
+  T align;
+  T overlap;
+  int32_t anchor;
+  uint32_t key;
+};
+
+// Per row, what steps 5 and 6 need to know about non-finite metrics (rules::row_poisoned): whether a candidate pair
+// has a NaN metric or overlap, and how many have an infinite metric. Each candidate pair is noted exactly once, by
+// the step-3 kernel that computes its entry for the list. An image none of whose rows is flagged cannot be
+// poisoned: img_flag lets the targets kernel skip the rows of such images.
+struct RowNotes {
+  int32_t* nan_seen;  // (B*M) 0 or 1
+  int32_t* inf_cand;  // (B*M)
+  int32_t* img_flag;  // (B) 1 when a row of the image is flagged
+  int64_t M;
+  template <typename T>
+  __device__ void note(int64_t row, T align, T overlap) const {
+    const bool nan = align != align || overlap != overlap, inf = isinf(align);
+    if (nan) nan_seen[row] = 1;
+    if (inf) atomicAdd(&inf_cand[row], 1);
+    if (nan || inf) img_flag[row / M] = 1;
+  }
+  __device__ bool flagged(int64_t row) const { return nan_seen[row] || inf_cand[row]; }
+};
+
+// The claims of step 3: row r's chosen anchors in slots r*K .. r*K+K-1 (as many as it chose), and per anchor of the
+// image the number of claims (integer atomicAdd) and the largest claiming slot (atomicMax: the claimant when the
+// count is 1).
+template <typename T>
+struct Claims {
+  int32_t* anchor;  // (B*M*K)
+  T* align;
+  T* ov;
+  int32_t* count;                // (B*A)
+  unsigned long long* claimant;  // (B*A)
+  int64_t A, M;
+  int K;
+  __device__ void put(int64_t row, int slot, const Entry<T>& e) const {
+    const int64_t i = row * K + slot;
+    anchor[i] = e.anchor;
+    align[i] = e.align;
+    ov[i] = e.overlap;
+    const int64_t p = (row / M) * A + e.anchor;
+    atomicAdd(&count[p], 1);
+    atomicMax(&claimant[p], static_cast<unsigned long long>(i));
+  }
+};
+
+// Per row, over the anchors it finally owns: the maxima of metric and overlap (integer atomicMax on order keys, so
+// order-independent), how many it owns and how many of those have an infinite metric (step 6).
+struct RowStats {
+  uint32_t* best_align;  // (B*M); key 0 ranks below every number
+  uint32_t* best_ov;
+  int32_t* owned;
+  int32_t* inf_owned;
+  __device__ void add(int64_t row, float align, float ov) const {
+    atomicMax(&best_align[row], order_key(align));
+    atomicMax(&best_ov[row], order_key(ov));
+    atomicAdd(&owned[row], 1);
+    if (isinf(align)) atomicAdd(&inf_owned[row], 1);
+  }
+};
+
+// What step 4 records of each anchor's owner: its row statistics, or, when a second top-k follows (which decides
+// what the rows finally own), the anchor in the row's list of owned anchors (kOwnCap slots; list_n counts them all).
+constexpr int kOwnCap = 32;
+
+struct OwnerSink {
+  RowStats stats;
+  int32_t* list_n;  // (B*M), null without a second top-k
+  int32_t* list;    // (B*M*kOwnCap)
+  __device__ void add(int64_t row, int64_t a, float align, float ov) const {
+    if (list_n == nullptr) {
+      stats.add(row, align, ov);
+      return;
+    }
+    const int slot = atomicAdd(&list_n[row], 1);  // the order within a row does not matter: ranks are computed
+    if (slot < kOwnCap) list[row * kOwnCap + slot] = static_cast<int32_t>(a);
+  }
+};
+
+// Per-box values prepared by prepare_kernel: per object row its candidate region and the values of its overlaps,
+// per prediction the values of its overlaps (kBoxValues each).
+template <typename T>
+struct Prep {
+  Regions<T> regions;
+  const T* gvals;  // (B*M, kBoxValues)
+  const T* pvals;  // (B*A, kBoxValues)
+};
+
+// The problem description every kernel of the fused assignment reads.
+template <typename S, typename T>
+struct Problem {
+  const S* scores;        // (B, A, C) contiguous
+  const T* pd;            // (B, A, D)
+  const T* anc;           // (A, 2)
+  const T* gt;            // (B, M, D)
+  const int64_t* labels;  // (B, M)
+  const bool* valid;      // (B, M)
+  int64_t B, A, C, M;
+  int D, K;  // K2 goes to the second top-k kernels as an argument
+  double alpha, beta;
+  T eps;
+  Prep<T> prep;
+  bool pow_wide;  // s^alpha as for scores widened to float32 (CUDA autocast, amp.h)
+
+  // Step 1: anchor a lies in the candidate region of `row`; candidate: and the row is a real object.
+  __device__ bool contains(int64_t row, int64_t a) const {
+    return prep.regions.contains(row, D, anc[2 * a], anc[2 * a + 1]);
+  }
+  __device__ bool candidate(int64_t row, int64_t a) const { return valid[row] && contains(row, a); }
+
+  // Step 2: the overlap of object `row` and prediction p = b*A + a, and the metric of the pair from it.
+  __device__ T overlap(int64_t row, int64_t p) const {
+    return pair_overlap(gt + row * D, prep.gvals + row * kBoxValues, pd + p * D, prep.pvals + p * kBoxValues, D);
+  }
+
+  __device__ T align(int64_t row, int64_t p, T o) const {
+    const int64_t label = labels[row];
+    CUDA_KERNEL_ASSERT(label >= 0 && label < C && "gt_labels: a real object has a label outside [0, num_classes)");
+    return rules::align_metric<S, T>(scores[p * C + label], o, alpha, beta, pow_wide);
+  }
+
+  __device__ Entry<T> entry(int64_t row, int64_t b, int64_t a) const {
+    const T o = overlap(row, b * A + a);
+    const T al = align(row, b * A + a, o);
+    return {al, o, static_cast<int32_t>(a), order_key(al)};
+  }
+};
+
+}  // namespace gpu
+}  // namespace lucid

@@ -1,0 +1,120 @@
+// The working memory of one call of the fused assignment on the GPU: every buffer carved from one allocation of
+// the caching allocator, O(B*M*K + B*A + B*M) in all.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/anchor_index.cuh"
+#include "cuda/problem.cuh"
+
+namespace lucid {
+namespace gpu {
+
+// Offsets into one allocation (16-byte aligned). With a null base it only measures.
+class Layout {
+ public:
+  Layout() = default;
+  explicit Layout(uint8_t* base) : base_(base) {}
+  template <typename U>
+  U* take(int64_t n) {
+    off_ = (off_ + 15) / 16 * 16;
+    U* p = base_ ? reinterpret_cast<U*>(base_ + off_) : nullptr;
+    off_ += n * static_cast<int64_t>(sizeof(U));
+    return p;
+  }
+  int64_t size() const { return off_ > 0 ? off_ : 1; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  int64_t off_ = 0;
+};
+
+// The working buffers of one call: O(B*M*K + B*A + B*M) in all.
+template <typename T>
+struct Workspace {
+  // start at zero (cleared by prepare_kernel: the first zero_words 16-byte words)
+  int32_t* medium_n;
+  int32_t* medium_next;
+  int32_t* big_n;
+  int32_t* slow_n;
+  unsigned long long* n_conf;
+  int32_t* count;                // claims per anchor (B*A)
+  unsigned long long* claimant;  // (B*A)
+  int32_t* keep;                 // second top-k survivors (B*A), when topk2 != topk
+  int32_t* own_n;                // owned anchors per row (B*M), when topk2 != topk
+  RowStats stats;                // (B*M) each
+  int32_t* nan_seen;             // (B*M) RowNotes
+  int32_t* inf_cand;
+  int32_t* img_flag;             // (B)
+  int64_t zero_words;
+  // written before being read
+  uint8_t* regions;
+  T* gt;                // (B*M, D) the objects' boxes, contiguous
+  T* gvals;  // (B*M, kBoxValues)
+  T* pvals;  // (B*A, kBoxValues)
+  float* anc;           // (A, 2) the anchors as float32
+  int32_t* cell_of_anchor;  // (A)
+  Axis* axes;
+  int32_t* cell_offsets;
+  int32_t* cell_sorted;
+  int32_t* medium_rows;
+  int32_t* big_rows;
+  bool* valid;          // (B*M) mask_gt != 0, when converted by prepare_kernel
+  int64_t* labels;      // (B*M) likewise
+  int32_t* own_list;   // (B*M*kOwnCap), when topk2 != topk
+  int32_t* slow_rows;  // (B*M), when topk2 != topk
+  int32_t* claim_anchor;
+  T* claim_align;
+  T* claim_ov;
+  int64_t* conflicts;
+  int64_t* owner;
+  T* own_align;
+  T* own_ov;
+
+  void carve(Layout& L, int64_t B, int64_t A, int64_t M, int64_t K, bool second, int64_t D) {
+    medium_n = L.take<int32_t>(1);
+    medium_next = L.take<int32_t>(1);
+    big_n = L.take<int32_t>(1);
+    slow_n = L.take<int32_t>(1);
+    n_conf = L.take<unsigned long long>(1);
+    count = L.take<int32_t>(B * A);
+    claimant = L.take<unsigned long long>(B * A);
+    keep = L.take<int32_t>(second ? B * A : 0);
+    own_n = L.take<int32_t>(second ? B * M : 0);
+    stats.best_align = L.take<uint32_t>(B * M);
+    stats.best_ov = L.take<uint32_t>(B * M);
+    stats.owned = L.take<int32_t>(B * M);
+    stats.inf_owned = L.take<int32_t>(B * M);
+    nan_seen = L.take<int32_t>(B * M);
+    inf_cand = L.take<int32_t>(B * M);
+    img_flag = L.take<int32_t>(B);
+    zero_words = (L.size() + 15) / 16;  // the next buffer starts past them (take aligns to 16)
+    regions = L.take<uint8_t>(B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
+                                                                 : sizeof(geom::ObbRegion<T>)));
+    gt = L.take<T>(B * M * D);
+    gvals = L.take<T>(B * M * kBoxValues);
+    pvals = L.take<T>(B * A * kBoxValues);
+    anc = L.take<float>(A * 2);
+    cell_of_anchor = L.take<int32_t>(A);
+    axes = L.take<Axis>(2);
+    cell_offsets = L.take<int32_t>(kCells * kCells + 1);
+    cell_sorted = L.take<int32_t>(A);
+    medium_rows = L.take<int32_t>(B * M);
+    big_rows = L.take<int32_t>(B * M);
+    valid = L.take<bool>(B * M);
+    labels = L.take<int64_t>(B * M);
+    own_list = L.take<int32_t>(second ? B * M * kOwnCap : 0);
+    slow_rows = L.take<int32_t>(second ? B * M : 0);
+    claim_anchor = L.take<int32_t>(B * M * K);
+    claim_align = L.take<T>(B * M * K);
+    claim_ov = L.take<T>(B * M * K);
+    conflicts = L.take<int64_t>(B * A);
+    owner = L.take<int64_t>(B * A);
+    own_align = L.take<T>(B * A);
+    own_ov = L.take<T>(B * A);
+  }
+};
+
+
+}  // namespace gpu
+}  // namespace lucid
