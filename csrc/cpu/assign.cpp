@@ -11,6 +11,7 @@
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
 
+#include "assign_io.h"
 #include "checks.h"
 #include "cpu/candidate_topk.h"
 #include "cpu/conflicts.h"
@@ -30,19 +31,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cp
                                        num_classes, stride_val);
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const auto box_t = gt_bboxes.scalar_type();
-  auto opts = pd_scores.options();
-  auto target_labels = at::empty({B, A}, opts.dtype(at::kLong));
-  auto target_bboxes = at::empty({B, A, D}, opts.dtype(box_t));
-  auto target_scores = at::zeros({B, A, C}, opts.dtype(box_t));
-  auto fg_mask = at::empty({B, A}, opts.dtype(at::kBool));
-  auto target_gt_idx = at::empty({B, A}, opts.dtype(at::kLong));
-  if (M == 0) {  // every anchor is background
-    target_labels.fill_(num_classes);
-    target_bboxes.zero_();
-    fg_mask.zero_();
-    target_gt_idx.zero_();
-    return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
-  }
+  const auto out = AssignOutputs::make(d, pd_scores.options(), box_t, num_classes, /*zero_scores=*/true);
+  if (M == 0) return out.tuple();
   const auto valid = mask_gt.reshape({B, M}).ne(0).contiguous();
   const auto labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
   {
@@ -58,13 +48,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cp
     using T = scalar_t;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cpu_scores", [&] {
       using S = scalar_t;
-      const Problem<S, T> P{scores.data_ptr<S>(),
-                            pd.data_ptr<T>(),
-                            anc.data_ptr<T>(),
-                            gt.data_ptr<T>(),
-                            labels.data_ptr<int64_t>(),
-                            valid.data_ptr<bool>(),
-                            B, A, C, M, D, topk, topk2, alpha, beta, static_cast<T>(eps),
+      const Problem<S, T> P{{scores.data_ptr<S>(), pd.data_ptr<T>(), anc.data_ptr<T>(), gt.data_ptr<T>(),
+                             labels.data_ptr<int64_t>(), valid.data_ptr<bool>(), B, A, C, M, alpha, beta,
+                             static_cast<T>(eps)},
+                            D,
+                            topk,
+                            topk2,
                             BoxPrep<T>::make(gt),
                             BoxPrep<T>::make(pd),
                             Regions<T>::make(gt, valid.data_ptr<bool>(), static_cast<T>(stride_val))};
@@ -73,11 +62,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cp
       resolve_owners(P, w);
       if (topk2 != topk) second_topk(P, w);
       targets(P, w,
-              Outputs<T>{target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(), target_scores.data_ptr<T>(),
-                         fg_mask.data_ptr<bool>(), target_gt_idx.data_ptr<int64_t>()});
+              Outputs<T>{out.labels.data_ptr<int64_t>(), out.boxes.data_ptr<T>(), out.scores.data_ptr<T>(),
+                         out.fg.data_ptr<bool>(), out.gt_idx.data_ptr<int64_t>()});
     });
   });
-  return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+  return out.tuple();
 }
 
 }  // namespace

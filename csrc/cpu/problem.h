@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "assign_io.h"
 #include "cpu/containment.h"
 #include "cpu/overlap_metric.h"
 #include "cpu/row_select.h"
@@ -16,30 +17,23 @@ namespace lucid {
 namespace cpu {
 
 template <typename S, typename T>
-struct Problem {
-  const S* scores;        // (B, A, C) contiguous
-  const T* pd;            // (B, A, D)
-  const T* anc;           // (A, 2)
-  const T* gt;            // (B, M, D)
-  const int64_t* labels;  // (B, M)
-  const bool* valid;      // (B, M)
-  int64_t B, A, C, M, D, K, K2;
-  double alpha, beta;
-  T eps;
+struct Problem : AssignInputs<S, T> {
+  int64_t D, K, K2;
   BoxPrep<T> gprep, pprep;  // per-box values of the overlaps (step 2)
   Regions<T> regions;       // candidate regions (step 1)
 
   // Step 1 for a real object: anchor a lies in the candidate region of `row`.
   bool candidate(int64_t row, int64_t a) const {
-    return valid[row] && regions.contains(row, anc[2 * a], anc[2 * a + 1]);
+    return this->valid[row] && regions.contains(row, this->anc[2 * a], this->anc[2 * a + 1]);
   }
 
   // Step 2: the metric of a candidate pair from its overlap. pred = b*A + a.
   T align(int64_t row, int64_t pred, T overlap) const {
-    return rules::align_metric<S, T>(scores[pred * C + labels[row]], overlap, alpha, beta);
+    return rules::align_metric<S, T>(this->scores[pred * this->C + this->labels[row]], overlap, this->alpha,
+                                     this->beta);
   }
 
-  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(gt, gprep, pd, pprep, D); }
+  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(this->gt, gprep, this->pd, pprep, D); }
 };
 
 // What the passes hand on, O(B*M*K + B*A + B*M) in all.

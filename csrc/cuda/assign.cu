@@ -40,6 +40,7 @@
 #include <type_traits>
 
 #include "amp.h"
+#include "assign_io.h"
 #include "checks.h"
 #include "cuda/anchor_index.cuh"
 #include "cuda/candidate_topk.cuh"
@@ -67,21 +68,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   TORCH_CHECK(topk < std::numeric_limits<int32_t>::max() && topk2 < std::numeric_limits<int32_t>::max(),
               "topk and topk2 must fit in 32 bits");
   const auto box_t = gt_bboxes.scalar_type();
-  auto opts = pd_scores.options();
-  auto target_labels = at::empty({B, A}, opts.dtype(at::kLong));
-  auto target_bboxes = at::empty({B, A, D}, opts.dtype(box_t));
-  auto target_scores = at::empty({B, A, C}, opts.dtype(box_t));
-  auto fg_mask = at::empty({B, A}, opts.dtype(at::kBool));
-  auto target_gt_idx = at::empty({B, A}, opts.dtype(at::kLong));
-  if (M == 0) {
-    target_labels.fill_(num_classes);
-    target_bboxes.zero_();
-    target_scores.zero_();
-    fg_mask.zero_();
-    target_gt_idx.zero_();
-    return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
-  }
-  if (B * A == 0) return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+  const auto opts = pd_scores.options();
+  const auto result = AssignOutputs::make(d, opts, box_t, num_classes, /*zero_scores=*/false);
+  if (M == 0 || B * A == 0) return result.tuple();
   const auto stream = at::cuda::getCurrentCUDAStream();
   const bool pow_wide = scores_pow_in_float32();  // set by the autocast kernel for float16/bfloat16 scores
   // float32 mask and labels (any strides) are converted by prep_kernel; others by ATen here
@@ -136,10 +125,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
 
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
       using S = scalar_t;
-      Problem<S, T> P{scores.data_ptr<S>(), pd.data_ptr<T>(), w.anc, w.gt,
-                      rows.labels, rows.valid, B, A, C, M, static_cast<int>(D),
-                      static_cast<int>(topk), alpha, beta, static_cast<T>(eps),
-                      Prep<T>{regions, w.gvals, w.pvals}, pow_wide};
+      Problem<S, T> P{{scores.data_ptr<S>(), pd.data_ptr<T>(), w.anc, w.gt, rows.labels, rows.valid, B, A, C, M,
+                       alpha, beta, static_cast<T>(eps)},
+                      static_cast<int>(D),
+                      static_cast<int>(topk),
+                      Prep<T>{regions, w.gvals, w.pvals},
+                      pow_wide};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       const auto* props = at::cuda::getCurrentDeviceProperties();
       // steps 1-3: the claims, and the per-anchor claim counts
@@ -193,8 +184,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     // step 6: the targets
     const TargetArgs<T> out{w.owner, second ? w.keep : nullptr, w.own_align, w.stats, notes, rows.labels,
                             w.gt, B, M, A, C, static_cast<int>(D), static_cast<T>(eps),
-                            target_labels.data_ptr<int64_t>(), target_bboxes.data_ptr<T>(),
-                            target_scores.data_ptr<T>(), fg_mask.data_ptr<bool>(), target_gt_idx.data_ptr<int64_t>()};
+                            result.labels.data_ptr<int64_t>(), result.boxes.data_ptr<T>(),
+                            result.scores.data_ptr<T>(), result.fg.data_ptr<bool>(), result.gt_idx.data_ptr<int64_t>()};
     if (C < std::numeric_limits<int32_t>::max() / kThreads) {  // 32-bit index math within a block's scores
       targets_kernel<T, int32_t><<<blocks_for(B * A), kThreads, 0, stream>>>(out);
     } else {
@@ -202,7 +193,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  return {target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx};
+  return result.tuple();
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "assign_io.h"
 #include "cuda/containment.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/overlap_metric.cuh"
@@ -123,40 +124,33 @@ struct Prep {
 
 // The problem description every kernel of the fused assignment reads.
 template <typename S, typename T>
-struct Problem {
-  const S* scores;        // (B, A, C) contiguous
-  const T* pd;            // (B, A, D)
-  const T* anc;           // (A, 2)
-  const T* gt;            // (B, M, D)
-  const int64_t* labels;  // (B, M)
-  const bool* valid;      // (B, M)
-  int64_t B, A, C, M;
+struct Problem : AssignInputs<S, T> {
   int D, K;  // K2 goes to the second top-k kernels as an argument
-  double alpha, beta;
-  T eps;
   Prep<T> prep;
   bool pow_wide;  // s^alpha as for scores widened to float32 (CUDA autocast, amp.h)
 
   // Step 1: anchor a lies in the candidate region of `row`; candidate: and the row is a real object.
   __device__ bool contains(int64_t row, int64_t a) const {
-    return prep.regions.contains(row, D, anc[2 * a], anc[2 * a + 1]);
+    return prep.regions.contains(row, D, this->anc[2 * a], this->anc[2 * a + 1]);
   }
-  __device__ bool candidate(int64_t row, int64_t a) const { return valid[row] && contains(row, a); }
+  __device__ bool candidate(int64_t row, int64_t a) const { return this->valid[row] && contains(row, a); }
 
   // Step 2: the overlap of object `row` and prediction p = b*A + a, and the metric of the pair from it.
   __device__ T overlap(int64_t row, int64_t p) const {
-    return pair_overlap(gt + row * D, prep.gvals + row * kBoxValues, pd + p * D, prep.pvals + p * kBoxValues, D);
+    return pair_overlap(this->gt + row * D, prep.gvals + row * kBoxValues, this->pd + p * D,
+                        prep.pvals + p * kBoxValues, D);
   }
 
   __device__ T align(int64_t row, int64_t p, T o) const {
-    const int64_t label = labels[row];
-    CUDA_KERNEL_ASSERT(label >= 0 && label < C && "gt_labels: a real object has a label outside [0, num_classes)");
-    return rules::align_metric<S, T>(scores[p * C + label], o, alpha, beta, pow_wide);
+    const int64_t label = this->labels[row];
+    CUDA_KERNEL_ASSERT(label >= 0 && label < this->C &&
+                       "gt_labels: a real object has a label outside [0, num_classes)");
+    return rules::align_metric<S, T>(this->scores[p * this->C + label], o, this->alpha, this->beta, pow_wide);
   }
 
   __device__ Entry<T> entry(int64_t row, int64_t b, int64_t a) const {
-    const T o = overlap(row, b * A + a);
-    const T al = align(row, b * A + a, o);
+    const T o = overlap(row, b * this->A + a);
+    const T al = align(row, b * this->A + a, o);
     return {al, o, static_cast<int32_t>(a), order_key(al)};
   }
 };
