@@ -103,7 +103,7 @@ def demo(args) -> int:
         if first is None:
             first = out
         else:
-            # CPU and GPU math libraries round some transcendental results differently (SPEC.md, precision
+            # CPU and GPU math libraries round some transcendental results differently (docs/spec.md, precision
             # contract), so scores may differ in the last bits and a near-tie may fall the other way.
             same = [torch.equal(out[i].cpu(), first[i].cpu()) for i in (0, 1, 3, 4)]
             a, b = out[2].cpu().double(), first[2].cpu().double()

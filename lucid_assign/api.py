@@ -99,7 +99,7 @@ def assign(
     topk2: int | None = None,
     backend: str = "auto",
 ):
-    """Task-aligned assignment (SPEC.md): HBB when the boxes' last dim is 4, OBB when it is 5.
+    """Task-aligned assignment (docs/spec.md): HBB when the boxes' last dim is 4, OBB when it is 5.
 
     Args:
         pd_scores: (B, A, C) predicted class probabilities (after sigmoid), float32, float16 or bfloat16.

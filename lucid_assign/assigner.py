@@ -13,7 +13,7 @@ class TaskAlignedAssigner(nn.Module):
     """Task-aligned assigner (TOOD) for axis-aligned boxes ``x1 y1 x2 y2``.
 
     Same constructor and ``forward`` as the peer's ``TaskAlignedAssigner`` (plus ``backend``: "auto", "kernel" or
-    "reference", see lucid_assign.api); the outputs follow SPEC.md. A box last dimension of 5 (``cx cy w h angle``)
+    "reference", see lucid_assign.api); the outputs follow docs/spec.md. A box last dimension of 5 (``cx cy w h angle``)
     is assigned as oriented boxes, as RotatedTaskAlignedAssigner does.
     """
 

@@ -19,7 +19,7 @@ def _require(op: str) -> None:
 def points_in_boxes(
     anc_points: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor, stride_val: float
 ) -> torch.Tensor:
-    """Containment pass, ``torch.ops.lucid.points_in_boxes`` (SPEC step 1).
+    """Containment pass, ``torch.ops.lucid.points_in_boxes`` (step 1 of docs/spec.md).
 
     Args:
         anc_points: (A, 2) anchor centres, float32 or float64.
@@ -36,7 +36,7 @@ def points_in_boxes(
 
 
 def pair_overlaps(gt_bboxes: torch.Tensor, pd_bboxes: torch.Tensor) -> torch.Tensor:
-    """Overlap of paired boxes, ``torch.ops.lucid.pair_overlaps`` (SPEC step 2).
+    """Overlap of paired boxes, ``torch.ops.lucid.pair_overlaps`` (step 2).
 
     Args:
         gt_bboxes: (N, 4) ``x1 y1 x2 y2`` or (N, 5) ``cx cy w h angle``, float32 or float64.
@@ -50,7 +50,7 @@ def pair_overlaps(gt_bboxes: torch.Tensor, pd_bboxes: torch.Tensor) -> torch.Ten
 
 
 def box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates, alpha: float = 1.0, beta: float = 6.0):
-    """Class gather, alignment metric and masking, ``torch.ops.lucid.box_metrics`` (SPEC step 2), dense.
+    """Class gather, alignment metric and masking, ``torch.ops.lucid.box_metrics`` (step 2), dense.
 
     Args:
         pd_scores: (B, A, C); pd_bboxes: (B, A, 4|5); gt_labels: (B, M, 1); gt_bboxes: (B, M, 4|5).
@@ -67,7 +67,7 @@ def box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates, alpha: f
 
 
 def resolve_conflicts(mask_pos: torch.Tensor, overlaps: torch.Tensor) -> torch.Tensor:
-    """Conflict resolution, ``torch.ops.lucid.resolve_conflicts`` (SPEC step 4), dense.
+    """Conflict resolution, ``torch.ops.lucid.resolve_conflicts`` (step 4 of docs/spec.md), dense.
 
     Args:
         mask_pos: (B, M, A) bool, the positives of each object.
@@ -85,7 +85,7 @@ def assign(
     pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk: int = 13, topk2: int | None = None,
     num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0, eps: float = 1e-9, stride_val: float = 16.0,
 ):
-    """The whole assignment, ``torch.ops.lucid.assign`` (SPEC steps 1-8), without any (B, M, A) tensor.
+    """The whole assignment, ``torch.ops.lucid.assign`` (steps 1-6), without any (B, M, A) tensor.
 
     Args:
         pd_scores: (B, A, C) float32/float16/bfloat16 (float64 with float64 boxes).

@@ -1,11 +1,11 @@
-"""The pure-PyTorch reference assigner: SPEC.md in executable form.
+"""The pure-PyTorch reference assigner: docs/spec.md in executable form.
 
 It builds dense (B, M, A) tensors and is meant to be obviously right, not fast. Each function below is one step of
-SPEC.md and is used on its own by the tests of the matching kernel pass.
+docs/spec.md and is used on its own by the tests of the matching kernel op.
 
 Arithmetic notes, because the kernels must reproduce these results bit for bit:
 - Every formula is a chain of separately rounded tensor operations; the order of the operations is part of the
-  contract (see csrc/geometry.h, which mirrors it).
+  contract (see csrc/geometry.h and csrc/rules.h, which mirror it).
 - Pair metrics are computed on the gathered candidate pairs (row-major order over (B, M, A)), as one flat batch:
   CPU math functions may round an element differently depending on where it falls in a vector, so the reference
   keeps this layout fixed.
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-# Margins and epsilons of SPEC.md.
+# Margins and epsilons of docs/spec.md.
 HBB_MARGIN = 1e-9  # strict containment margin of the axis-aligned test
 IOU_EPS = 1e-7  # eps inside CIoU and probiou
 
@@ -34,7 +34,7 @@ def stride_value(stride: Sequence[float]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Step 1: candidate regions
+# Step 1: containment (candidate regions)
 # ---------------------------------------------------------------------------------------------------------------
 def _floor_sides(side: torch.Tensor, valid: torch.Tensor, stride_val: float) -> torch.Tensor:
     floor = torch.tensor(stride_val, dtype=side.dtype, device=side.device)
@@ -44,7 +44,7 @@ def _floor_sides(side: torch.Tensor, valid: torch.Tensor, stride_val: float) -> 
 def points_in_boxes(
     anc_points: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor, stride_val: float
 ) -> torch.Tensor:
-    """(B, M, A) bool: anchor inside the candidate region of each box (SPEC step 1). The mask is not applied."""
+    """(B, M, A) bool: anchor inside the candidate region of each box (step 1). The mask is not applied."""
     valid = mask_gt.reshape(gt_bboxes.shape[:2]).bool()
     px, py = anc_points[:, 0], anc_points[:, 1]
     if gt_bboxes.shape[-1] == 4:
@@ -82,7 +82,7 @@ def points_in_boxes(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Step 2: pair overlaps and the alignment metric
+# Step 2: overlap and metric
 # ---------------------------------------------------------------------------------------------------------------
 def ciou(gt: torch.Tensor, pd: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
     """Complete-IoU of paired axis-aligned boxes (N, 4) x1y1x2y2 -> (N,), not clamped."""
@@ -147,7 +147,7 @@ def box_metrics(
     alpha: float,
     beta: float,
 ):
-    """Dense (B, M, A) ``align = s^alpha * o^beta`` and overlap ``o`` at candidate pairs, 0 elsewhere (SPEC step 2).
+    """Dense (B, M, A) ``align = s^alpha * o^beta`` and overlap ``o`` at candidate pairs, 0 elsewhere (step 2).
 
     ``candidates`` is the (B, M, A) mask of pairs to evaluate (inside the region and a real object).
     """
@@ -164,7 +164,7 @@ def box_metrics(
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Step 3 and 5: top-k with ties to the lower index
+# Steps 3 and 5: top-k with ties to the lower index
 # ---------------------------------------------------------------------------------------------------------------
 def topk_mask(metric: torch.Tensor, k: int) -> torch.Tensor:
     """Bool mask of the k largest values along the last dim; ties go to the lower index, on every device.
@@ -187,7 +187,8 @@ def topk_mask(metric: torch.Tensor, k: int) -> torch.Tensor:
 def resolve_conflicts(mask_pos: torch.Tensor, overlaps: torch.Tensor) -> torch.Tensor:
     """An anchor positive for several rows keeps only the row with the largest overlap over all M rows.
 
-    Ties go to the lower row; the winning row need not have claimed the anchor (DESIGN.md, trap 2).
+    Ties go to the lower row; the winning row need not have claimed the anchor (docs/spec.md, "conflicts look at
+    every row").
     """
     multi = mask_pos.sum(1, keepdim=True) > 1  # (B, 1, A)
     best = overlaps.argmax(1, keepdim=True)  # (B, 1, A): the first maximum
@@ -196,7 +197,7 @@ def resolve_conflicts(mask_pos: torch.Tensor, overlaps: torch.Tensor) -> torch.T
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Steps 6-8: targets and normalisation
+# Step 6: targets and normalised scores
 # ---------------------------------------------------------------------------------------------------------------
 def _targets(gt_labels, gt_bboxes, target_gt_idx, fg_mask, num_classes):
     bs, n_boxes = gt_bboxes.shape[:2]
@@ -257,7 +258,7 @@ def assign(
     stride: Sequence[float] = (8, 16, 32),
     topk2: int | None = None,
 ):
-    """Task-aligned assignment, HBB (last dim 4) or OBB (last dim 5), exactly as SPEC.md describes.
+    """Task-aligned assignment, HBB (last dim 4) or OBB (last dim 5), exactly as docs/spec.md describes.
 
     Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``. Inputs are not modified.
     """
@@ -273,17 +274,17 @@ def assign(
     align_metric, overlaps = box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside & valid, alpha, beta)
     mask_pos = topk_mask(align_metric, topk) & inside & valid
 
-    # Step 4-5: conflicts, then the second top-k over what each row owns.
+    # Steps 4-5: conflicts, then the second top-k over what each row owns.
     mask_pos = resolve_conflicts(mask_pos, overlaps)
     if topk2 != topk:
         mask_pos &= topk_mask(align_metric * mask_pos, topk2)
 
-    # Step 6-7: foreground and targets.
+    # Step 6: foreground and targets,
     fg_mask = mask_pos.any(1)
     target_gt_idx = mask_pos.to(torch.uint8).argmax(1)
     target_labels, target_bboxes, one_hot = _targets(gt_labels, gt_bboxes, target_gt_idx, fg_mask, num_classes)
 
-    # Step 8: normalisation over the final positives.
+    # and the scores, normalised over the final positives.
     align_pos = align_metric * mask_pos
     best_align = align_pos.amax(-1, keepdim=True)
     best_overlap = (overlaps * mask_pos).amax(-1, keepdim=True)

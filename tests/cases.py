@@ -7,18 +7,9 @@ import math
 
 import torch
 
+from lucid_assign.synthetic import anchor_points
+
 STRIDES = (8, 16, 32)
-
-
-def anchor_grid(img_size: int, strides=STRIDES, dtype=torch.float32) -> torch.Tensor:
-    """(A, 2) anchor centres in pixels, level by level, row-major: ((i + 0.5) * s, (j + 0.5) * s)."""
-    points = []
-    for s in strides:
-        n = img_size // s
-        c = (torch.arange(n, dtype=torch.float64) + 0.5) * s
-        yy, xx = torch.meshgrid(c, c, indexing="ij")
-        points.append(torch.stack((xx, yy), -1).reshape(-1, 2))
-    return torch.cat(points).to(dtype)
 
 
 def make_problem(
@@ -42,7 +33,7 @@ def make_problem(
     def rand(*shape):
         return torch.rand(*shape, generator=g, dtype=torch.float64)
 
-    anc = anchor_grid(img_size)
+    anc = anchor_points(img_size)
     n_anchors = anc.shape[0]
     real = n_boxes - pad_rows
     # centres: half clustered around a few spots (so objects overlap and anchors are claimed twice)
@@ -73,7 +64,7 @@ def make_problem(
         gt = torch.where(on_edge[..., None], torch.cat((corner, corner + span), -1), gt)
     if corner_miss and real > 1:
         # row 1 sits in the top-left corner where (below) the predictions miss: its align is 0 at most anchors,
-        # so the top-k fills up with the lowest-indexed zero-metric anchors, some inside it (DESIGN.md trap 1)
+        # so the top-k fills up with the lowest-indexed zero-metric anchors, some inside it (docs/spec.md, the zero fill)
         corner_box = [14.0, 14.0, 24.0, 20.0, 0.3] if obb else [2.0, 3.0, 26.0, 22.0]
         gt[:, 1] = torch.tensor(corner_box, dtype=torch.float64)
     mask = torch.zeros(batch, n_boxes, 1)

@@ -1,6 +1,6 @@
-"""torch.ops.lucid.assign and the pass ops against the reference (SPEC.md), on every device the library supports.
+"""torch.ops.lucid.assign and the pass ops against the reference (docs/spec.md), on every device the library supports.
 
-On the CPU the promise is the reference's discrete outputs exactly and its scores to a relative 1e-6 (SPEC.md); the
+On the CPU the promise is the reference's discrete outputs exactly and its scores to a relative 1e-6 (docs/spec.md); the
 CUDA kernels, where present, must match bit for bit.
 """
 
@@ -74,7 +74,7 @@ def test_assign_rare_paths(library, device, obb, case):
 
 @pytest.mark.parametrize("device", devices())
 def test_assign_k_larger_than_in_box_count(library, device):
-    """K = 40 on small objects: every object's top-k takes zero-metric anchors, some inside it (DESIGN trap 1)."""
+    """K = 40 on small objects: every object's top-k takes zero-metric anchors, some inside it (docs/spec.md, the zero fill)."""
     inputs = make_problem(3, True, tiny_frac=0.6)
     got, want = run_both(device, inputs, num_classes=7, topk=40, topk2=20)
     assert_matches_reference(got, want, device == "cuda")

@@ -1,6 +1,6 @@
 """Hardening: clear errors for invalid input on every entry point; defined and identical results for odd but valid
 input on every backend (the table of docs/odd-inputs.md); inputs never modified; property-based batches
-(hypothesis) that check the backends against each other and the outputs against the rules of SPEC.md.
+(hypothesis) that check the backends against each other and the outputs against the rules of docs/spec.md.
 
 The CUDA half runs on a GPU (marked cuda): there the kernel must equal the reference bit for bit, NaN included.
 """
@@ -210,7 +210,7 @@ def test_odd_inputs_same_on_every_backend_cuda(library, obb):
 
 
 def test_nan_metric_makes_the_image_scores_nan(library):
-    """The defined result for a NaN metric (docs/odd-inputs.md): the dense step 8 multiplies every candidate pair
+    """The defined result for a NaN metric (docs/odd-inputs.md): the dense step 6 multiplies every candidate pair
     by the positive mask, NaN * 0 is NaN, so the image's row maxima and every normalised score are NaN; the other
     image is untouched, and the discrete outputs stay defined."""
     inputs = [t.clone() for t in make_problem(6, True, batch=2, n_boxes=12)]
@@ -287,7 +287,7 @@ def batches(draw):
 
 
 def check_invariants(inputs, kw, out):
-    """The rules of SPEC.md that any output must satisfy."""
+    """The rules of docs/spec.md that any output must satisfy."""
     labels, boxes, scores, fg, idx = out
     scores_in, pd, anc, gt_labels, gt, mask = inputs
     bs, n_anchors = scores_in.shape[:2]
@@ -302,7 +302,7 @@ def check_invariants(inputs, kw, out):
     rows = gt_labels.reshape(bs, n_boxes).long()
     assert torch.equal(labels, rows.gather(1, idx).clamp(min=0))
     assert same_bits(boxes, gt.gather(1, idx[..., None].expand(-1, -1, gt.shape[-1])))
-    # every positive lies in the candidate region of its (real) object; the one exception is SPEC step 4's
+    # every positive lies in the candidate region of its (real) object; the one exception is step 4's
     # conflict rule when every row's overlap at the anchor is 0: the first row takes it
     inside = reference.points_in_boxes(anc, gt, mask, reference.stride_value(kw["stride"])) & valid[..., None]
     _, overlaps = reference.box_metrics(scores_in, pd, gt_labels, gt, inside, kw["alpha"], kw["beta"])

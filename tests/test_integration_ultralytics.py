@@ -170,10 +170,10 @@ def _alter(monkeypatch, tal, name, change):
 
 
 ALTERED = {
-    # a conflict among the claimants only (what simple versions do, DESIGN trap 2)
+    # a conflict among the claimants only (what simple versions do; docs/spec.md, conflicts look at every row)
     "conflicts": ("select_highest_overlaps", lambda f, s, mask_pos, ov, n, align: f(s, mask_pos, ov * mask_pos, n,
                                                                                     align)),
-    # a top-k that drops zero-metric candidates (trap 1)
+    # a top-k that drops zero-metric candidates (the zero fill)
     "zero fill": ("select_topk_candidates", lambda f, s, metrics, topk_mask=None: f(s, metrics, None)),
     # an alignment metric that changed its rounding
     "metric": ("get_box_metrics", lambda f, s, *a, **k: (lambda am, ov: (am * (1 + 2**-20), ov))(*f(s, *a, **k))),

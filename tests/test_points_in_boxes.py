@@ -1,11 +1,11 @@
-"""The containment op torch.ops.lucid.points_in_boxes against the reference (SPEC step 1)."""
+"""The containment op torch.ops.lucid.points_in_boxes against the reference (step 1 of docs/spec.md)."""
 
 import pytest
 import torch
 
 from lucid_assign import reference
 
-from cases import anchor_grid, make_problem
+from cases import anchor_points, make_problem
 from conftest import devices
 
 
@@ -31,7 +31,7 @@ def test_matches_reference(library, device, obb, dtype, seed):
 @pytest.mark.parametrize("device", devices())
 def test_anchors_on_edges(library, device):
     """Anchors exactly on box edges: outside for HBB (strict, after the centre/size round trip), inside for OBB."""
-    anc = anchor_grid(64).to(device)
+    anc = anchor_points(64).to(device)
     xs = torch.tensor([4.0, 12.0, 20.0, 28.0, 36.0])
     x1, y1 = (t.flatten() for t in torch.meshgrid(xs, xs, indexing="ij"))
     hbb = torch.stack((x1, y1, x1 + 16, y1 + 16), -1)[None].to(device)
@@ -51,7 +51,7 @@ def test_anchors_on_edges(library, device):
 
 @pytest.mark.parametrize("device", devices())
 def test_padding_rows_are_not_floored(library, device):
-    anc = anchor_grid(64).to(device)
+    anc = anchor_points(64).to(device)
     box = torch.tensor([[[30.0, 30.0, 31.0, 31.0], [30.0, 30.0, 31.0, 31.0]]], device=device)
     mask = torch.tensor([[[1.0], [0.0]]], device=device)
     got = library.points_in_boxes(anc, box, mask, 16)

@@ -1,4 +1,4 @@
-"""The rules of SPEC.md checked on the reference directly, and proof that the random suite reaches the rare paths
+"""The rules of docs/spec.md checked on the reference directly, and proof that the random suite reaches the rare paths
 (otherwise agreement with the peer would prove little)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from lucid_assign import reference
 
-from cases import STRIDES, anchor_grid, make_problem
+from cases import STRIDES, anchor_points, make_problem
 
 
 def test_topk_mask_ties_go_to_lower_index():
@@ -34,7 +34,7 @@ def test_hbb_edges_are_outside_obb_edges_inside():
 
 
 def test_stride_floor_only_for_real_objects():
-    anc = anchor_grid(64)
+    anc = anchor_points(64)
     box = torch.tensor([[[30.0, 30.0, 31.0, 31.0]]])  # 1 px: no anchor centre inside without the floor
     inside_real = reference.points_in_boxes(anc, box, torch.ones(1, 1, 1), 16)
     inside_pad = reference.points_in_boxes(anc, box, torch.zeros(1, 1, 1), 16)

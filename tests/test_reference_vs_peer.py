@@ -1,7 +1,7 @@
 """The reference against the peer trainer's assigners (ultralytics 8.4.190): all five outputs equal.
 
 On the CPU, torch.topk breaks ties in an order of its own (CUDA's picks the lower index, which is the rule of
-SPEC.md). For the CPU comparison the peer therefore runs with torch.topk replaced by a version that breaks ties by
+docs/spec.md). For the CPU comparison the peer therefore runs with torch.topk replaced by a version that breaks ties by
 the lower index (a stable descending sort); the peer's code is otherwise untouched. On CUDA it runs unpatched.
 """
 
@@ -106,7 +106,7 @@ def test_matches_peer_all_padding(peer_tal, device, obb):
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
 def test_no_objects(peer_tal, device, obb):
-    """M = 0: every anchor is background. The peer returns float labels and indices here; SPEC.md fixes int64."""
+    """M = 0: every anchor is background. The peer returns float labels and indices here; docs/spec.md fixes int64."""
     scores, pd, anc, labels, gt, mask = make_problem(7, obb, score_dtype=torch.bfloat16)
     inputs = to(device, (scores, pd, anc, labels[:, :0], gt[:, :0], mask[:, :0]))
     ours = reference.assign(*inputs, stride=STRIDES, num_classes=7, topk=10)
