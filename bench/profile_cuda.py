@@ -2,7 +2,7 @@
 time, no launch gaps), and the per-kernel GPU time from torch.profiler.
 
     python bench/profile_cuda.py [--cases obb:16:200 obb:16:2000 hbb:16:100] [--topk2 1]
-    python bench/train_step.py --objects 60 300 --dump /tmp/calls && python bench/profile_cuda.py --inputs /tmp/calls-m60.pt
+    python bench/train_step.py --objects 60 300 --dump calls && python bench/profile_cuda.py --inputs calls-m60.pt
     ncu --clock-control none --kernel-name regex:candidate_topk python bench/profile_cuda.py --inputs ... --plain
 """
 
