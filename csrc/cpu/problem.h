@@ -19,7 +19,7 @@ namespace cpu {
 template <typename S, typename T>
 struct Problem : AssignInputs<S, T> {
   int64_t D, K, K2;
-  BoxPrep<T> gprep, pprep;  // per-box values of the overlaps (step 2)
+  BoxPrep<T> gvals, pvals;  // per-box values of the overlaps (step 2)
   Regions<T> regions;       // candidate regions (step 1)
 
   // Step 1 for a real object: anchor a lies in the candidate region of `row`.
@@ -33,7 +33,7 @@ struct Problem : AssignInputs<S, T> {
                                      this->beta);
   }
 
-  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(this->gt, gprep, this->pd, pprep, D); }
+  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D); }
 };
 
 // What the passes hand on, O(B*M*K + B*A + B*M) in all.

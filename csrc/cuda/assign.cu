@@ -73,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   if (M == 0 || B * A == 0) return result.tuple();
   const auto stream = at::cuda::getCurrentCUDAStream();
   const bool pow_wide = scores_pow_in_float32();  // set by the autocast kernel for float16/bfloat16 scores
-  // float32 mask and labels (any strides) are converted by prep_kernel; others by ATen here
+  // float32 mask and labels (any strides) are converted by prepare_kernel; others by ATen here
   const bool rows_in_kernel = mask_gt.scalar_type() == at::kFloat && gt_labels.scalar_type() == at::kFloat;
   at::Tensor valid_t, labels_t;
   if (!rows_in_kernel) {
@@ -81,15 +81,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     labels_t = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
   }
   const auto scores = pd_scores.contiguous();
-  // the anchors (float32, or float16/bfloat16 widened by prep_kernel) are read once, into the workspace
-  // gt_bboxes is read as given (any strides) by prep_kernel, which copies it to the workspace
+  // the anchors (float32, or float16/bfloat16 widened by prepare_kernel) are read once, into the workspace
+  // gt_bboxes is read as given (any strides) by prepare_kernel, which copies it to the workspace
   const auto pd = pd_bboxes.contiguous(), anc = anc_points.contiguous();
   TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
               " (the Python API falls back to the reference for other dtypes)");
   {
     using T = float;
     // every working buffer is carved from one allocation; the counters, which must start at zero, come first and
-    // are cleared by prep_kernel
+    // are cleared by prepare_kernel
     const bool second = topk2 != topk;
     Workspace<T> w;
     Layout probe;
