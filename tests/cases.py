@@ -64,7 +64,7 @@ def make_problem(
         gt = torch.where(on_edge[..., None], torch.cat((corner, corner + span), -1), gt)
     if corner_miss and real > 1:
         # row 1 sits in the top-left corner where (below) the predictions miss: its align is 0 at most anchors,
-        # so the top-k fills up with the lowest-indexed zero-metric anchors, some inside it (docs/spec.md, the zero fill)
+        # so the top-k fills up with the lowest-indexed zero-metric anchors, some inside it (the zero fill)
         corner_box = [14.0, 14.0, 24.0, 20.0, 0.3] if obb else [2.0, 3.0, 26.0, 22.0]
         gt[:, 1] = torch.tensor(corner_box, dtype=torch.float64)
     mask = torch.zeros(batch, n_boxes, 1)

@@ -74,7 +74,8 @@ def test_assign_rare_paths(library, device, obb, case):
 
 @pytest.mark.parametrize("device", devices())
 def test_assign_k_larger_than_in_box_count(library, device):
-    """K = 40 on small objects: every object's top-k takes zero-metric anchors, some inside it (docs/spec.md, the zero fill)."""
+    """K = 40 on small objects: every object's top-k takes zero-metric anchors, some inside it (docs/spec.md, the
+    zero fill)."""
     inputs = make_problem(3, True, tiny_frac=0.6)
     got, want = run_both(device, inputs, num_classes=7, topk=40, topk2=20)
     assert_matches_reference(got, want, device == "cuda")
