@@ -1,32 +1,35 @@
 // torch.ops.lucid.assign on the GPU: the steps of docs/spec.md, bit for bit as the reference on CUDA, without any
 // (B, M, A) tensor and without host synchronisation (CUDA-graph capturable).
 //
-// Design note. Seven launches per call (nine with a second top-k), no memset: the host time of a call is mostly its
+// Design note. Six launches per call (eight with a second top-k), no memset: the host time of a call is mostly its
 // launches. Each launch, its file beside this one, what it reads and what it writes:
 //
 //   prepare_kernel (prepare.cuh, anchor_index.cuh)
-//       block 0: the anchor index, the anchors bucketed by a 64 x 64 grid of cells over their bounding box (A ints).
-//       The other blocks: clear the workspace's counters; per object its candidate region (step 1, with the side
-//       floor) and per object and prediction the values of its overlaps (step 2): B*M regions + (B*M + B*A) * 3.
+//       block 0: the anchor index, the anchors bucketed by a 64 x 64 grid of cells over their bounding box (A ints,
+//       placed through dynamic shared memory). The other blocks: clear the workspace's counters; per object its
+//       candidate region (step 1, with the side floor) and per object and prediction the values of its overlaps
+//       (step 2): B*M regions + (B*M + B*A) * 3.
 //   candidate_topk_{small,medium,large}_rows_kernel (candidate_topk.cuh, block_select.cuh)       steps 1-3
 //       each real object row visits the anchors of the cells under its region, computes overlap and metric of
-//       those inside and selects its top K over all A anchors (zero fill). Rows of at most 64 candidates are done
-//       by a warp; others by a block from a list in shared memory; rows of more than 4,096 by a block with a list
-//       in dynamic shared memory. Writes the claims (B*M*K anchor, metric, overlap), per anchor the claim count and
-//       the claimant (integer atomicAdd / atomicMax), per row its notes on non-finite metrics.
-//   owners_from_claims_kernel, conflict_owners_kernel (conflicts.cuh)                          step 4
+//       those inside and selects its top K over all A anchors (zero fill). Rows of at most 64 candidates and 512
+//       anchors under their cells are done by a warp; others by a block (1,024 threads when there are few rows)
+//       from a list in shared memory; rows of more than 4,096 candidates by a block with a list in dynamic shared
+//       memory. Writes per anchor the claim count and the claimant (integer atomicAdd / atomicMax), per anchor
+//       the first row with the largest overlap among all its candidate pairs (atomicMax on a 64-bit key), per row
+//       its notes on non-finite metrics.
+//   owners_kernel (conflicts.cuh)                                                              step 4
 //       per anchor: no claim, background; one claim, its claimant; more, the first row with the largest overlap
-//       over all M rows, recomputed by a warp. Writes owner, metric and overlap (B*A) and per row the maxima and
-//       counts of what it owns (integer atomicMax on order-preserving keys), or, with a second top-k, the list of
-//       what it owns (B*M*32).
+//       over all M rows, which step 3 already found: no anchor scans the rows. Writes owner, metric and overlap
+//       (B*A, computed again from the row) and per row the maxima and counts of what it owns (integer atomicMax on
+//       order-preserving keys), or, with a second top-k, the list of what it owns (B*M*32).
 //   second_topk_short_rows_kernel, second_topk_scan_rows_kernel (second_topk.cuh)   step 5, only when K2 != K
 //       each row keeps the K2 best of what it owns: `keep` (B*A) and the row maxima.
 //   targets_kernel (targets.cuh)                                                               step 6
 //       per anchor the outputs; the scores are normalised by the row maxima.
 //
-// Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*M*K + B*A + B*M) and all are
-// carved from one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only;
-// results do not depend on the order of threads. Indices into (B, A, C) and (B, M, ...) arrays are 64-bit.
+// Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*A + B*M) and all are carved from
+// one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only; results do
+// not depend on the order of threads. Indices into (B, A, C) and (B, M, ...) arrays are 64-bit.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -93,10 +96,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
     const bool second = topk2 != topk;
     Workspace<T> w;
     Layout probe;
-    w.carve(probe, B, A, M, topk, second, D);
+    w.carve(probe, B, A, M, second, D);
     auto workspace = at::empty({probe.size()}, opts.dtype(at::kByte));
     Layout real{workspace.data_ptr<uint8_t>()};
-    w.carve(real, B, A, M, topk, second, D);
+    w.carve(real, B, A, M, second, D);
     const Regions<T> regions{reinterpret_cast<geom::HbbRegion<T>*>(w.regions),
                              reinterpret_cast<geom::ObbRegion<T>*>(w.regions)};
     // (B, M, k) or (B, M) inputs by their batch, row and last strides (the last is 0 for a 2-d one: k is 0 there)
@@ -110,17 +113,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
                         rows_in(gt_labels.const_data_ptr<float>(), gt_labels), w.valid, w.labels}
             : RowInputs{{}, {}, valid_t.data_ptr<bool>(), labels_t.data_ptr<int64_t>()};
     // the counters, the anchor index (block 0) and the per-box values
-    const PrepArgs<T> prep{rows_in(gt_bboxes.const_data_ptr<T>(), gt_bboxes), w.gt, rows, pd.data_ptr<T>(),
+    PrepArgs<T> prep{rows_in(gt_bboxes.const_data_ptr<T>(), gt_bboxes), w.gt, rows, pd.data_ptr<T>(),
                            AnchorsIn{anc.const_data_ptr(), anc.scalar_type()},
                            B * M, B * A, A, static_cast<int>(D), static_cast<T>(stride_val), regions, w.gvals,
                            w.pvals, reinterpret_cast<uint4*>(workspace.data_ptr()), w.zero_words, w.anc,
-                           w.cell_of_anchor, w.axes, w.cell_offsets, w.cell_sorted};
-    prepare_kernel<T><<<1 + blocks_for(B * M + B * A, kPrepThreads), kPrepThreads, 0, stream>>>(prep);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+                           w.cell_of_anchor, w.axes, w.cell_offsets, w.cell_sorted, 0};
+    const auto* props = at::cuda::getCurrentDeviceProperties();
+    {
+      // the anchor index stages the anchors' places in dynamic shared memory, as many as fit
+      auto kernel = prepare_kernel<T>;
+      const int64_t room = static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_smem(kernel);
+      prep.stage_cap = static_cast<int32_t>(std::max<int64_t>(0, std::min<int64_t>(A, room / 4)));
+      const int64_t smem = prep.stage_cap * int64_t{4};
+      raise_smem_limit(kernel, smem);
+      kernel<<<1 + blocks_for(B * M + B * A, kPrepThreads), kPrepThreads, smem, stream>>>(prep);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
     const CellIndex cells{w.axes, w.cell_offsets, w.cell_sorted};
     const RowNotes notes{w.nan_seen, w.inf_cand, w.img_flag, M};
-    const Claims<T> claims{w.claim_anchor, w.claim_align, w.claim_ov, w.count, w.claimant, A, M,
-                           static_cast<int>(topk)};
+    const Claims claims{w.count, w.claimant, A, M};
+    const FirstRows first{w.first, A, M};
+    const PairLog log{notes, first};
     const OwnerSink sink{w.stats, second ? w.own_n : nullptr, w.own_list};
 
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cuda", [&] {
@@ -132,16 +145,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
                       Prep<T>{regions, w.gvals, w.pvals},
                       pow_wide};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
-      const auto* props = at::cuda::getCurrentDeviceProperties();
       // steps 1-3: the claims, and the per-anchor claim counts
       candidate_topk_small_rows_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(
-          P, cells, notes, claims, w.medium_rows, w.medium_n);
+          P, cells, log, claims, w.medium_rows, w.medium_n);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       {
-        auto kernel = candidate_topk_medium_rows_kernel<S, T>;
-        kernel<<<persistent_grid(kernel, kThreads, 0, B * M), kThreads, 0, stream>>>(
-            P, cells, notes, claims, w.medium_rows, w.medium_n, w.medium_next, w.big_rows, w.big_n);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        // few object rows: a larger block per medium row (its latency is the kernel's time)
+        auto launch = [&](auto kernel, int threads) {
+          kernel<<<persistent_grid(kernel, threads, 0, B * M), threads, 0, stream>>>(
+              P, cells, log, claims, w.medium_rows, w.medium_n, w.medium_next, w.big_rows, w.big_n);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        };
+        if (B * M <= kFewRows * props->multiProcessorCount) {
+          launch(candidate_topk_medium_rows_kernel<kMediumFewThreads, S, T>, kMediumFewThreads);
+        } else {
+          launch(candidate_topk_medium_rows_kernel<kThreads, S, T>, kThreads);
+        }
       }
       {
         auto kernel = candidate_topk_large_rows_kernel<S, T>;
@@ -153,21 +172,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
         const int64_t smem = cap < 0 ? 0 : big_row_smem(A, cap);
         raise_smem_limit(kernel, smem);
         kernel<<<persistent_grid(kernel, kBigThreads, smem, B * M), kBigThreads, smem, stream>>>(
-            P, cells, notes, claims, w.big_rows, w.big_n, cap);
+            P, cells, log, claims, w.big_rows, w.big_n, cap);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
       // step 4: the owners
-      owners_from_claims_kernel<T><<<blocks_for(B * A), kThreads, 0, stream>>>(
-          B * A, A, M, static_cast<int>(topk), w.count, w.claimant, w.claim_align, w.claim_ov, sink, w.owner,
-          w.own_align, w.own_ov, w.conflicts, w.n_conf);
+      owners_kernel<S, T><<<blocks_for(B * A), kThreads, 0, stream>>>(P, claims, first, sink, w.owner, w.own_align,
+                                                                     w.own_ov);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-      {
-        // enough warps to fill the device; each takes conflicted anchors from the list in turn
-        const int64_t grid = std::min<int64_t>(props->multiProcessorCount * 8, blocks_for(B * A, kWarps));
-        conflict_owners_kernel<S, T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(
-            P, w.conflicts, reinterpret_cast<const int64_t*>(w.n_conf), sink, w.owner, w.own_align, w.own_ov);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
       if (second) {
         // step 5
         second_topk_short_rows_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(

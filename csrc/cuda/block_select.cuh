@@ -107,14 +107,14 @@ __device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, R
   }
 }
 
-// Given the k-th key and the number of ties to take, walks the explicit entries in anchor order and calls
-// take(entry, slot) for the chosen ones, slot in [0, k). Ties at kth rank by anchor index among all anchors with
-// that key; for the zero key that includes the implicit anchors.
+// Given the k-th key and the number of ties to take, walks the explicit entries in anchor order and calls take(entry)
+// for the chosen ones. Ties at kth rank by anchor index among all anchors with that key; for the zero key that
+// includes the implicit anchors.
 template <int NT, typename T, typename Src, typename Take>
 __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename BlockScanT<NT>::TempStorage& scan_tmp,
                               Take take) {
   static_assert(NT < (1 << 15), "the per-chunk counts are packed in 16 bits");
-  int before_ne = 0, before_eq = 0, before_taken = 0;  // running totals over earlier chunks (same in all threads)
+  int before_ne = 0, before_eq = 0;  // running totals over earlier chunks (same in all threads)
   const int64_t n = src.size();
   for (int64_t base = 0; base < n; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
@@ -127,31 +127,22 @@ __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename B
     BlockScanT<NT>(scan_tmp).ExclusiveSum(is_eq | (is_ne_zero << 16), ex_both, sum_both);
     __syncthreads();
     const int ex_eq = ex_both & 0xFFFF, ex_ne = ex_both >> 16, sum_eq = sum_both & 0xFFFF, sum_ne = sum_both >> 16;
-    bool chosen = false;
     if (has) {
-      if (e.key > kth) {
-        chosen = true;
-      } else if (is_eq) {
+      bool chosen = e.key > kth;
+      if (is_eq) {
         const int64_t rank = kth == kZeroKey ? static_cast<int64_t>(e.anchor) - (before_ne + ex_ne)
                                              : static_cast<int64_t>(before_eq + ex_eq);
         chosen = rank < k_eq;
       }
+      if (chosen) take(e);
     }
-    int ex_taken = 0, sum_taken = 0;
-    if (__syncthreads_or(chosen)) {  // most chunks of a long row choose nothing: no scan for them
-      BlockScanT<NT>(scan_tmp).ExclusiveSum(static_cast<int>(chosen), ex_taken, sum_taken);
-      __syncthreads();
-    }
-    if (chosen) take(e, before_taken + ex_taken);
     before_eq += sum_eq;
     before_ne += sum_ne;
-    before_taken += sum_taken;
   }
 }
 
 // Top-k of a row whose explicit entries come from src (a Source: size() and get(i, entry), in increasing anchor
-// order): selects the k best of the A anchors and calls take(entry, slot) for each chosen explicit entry, slot in
-// [0, k), in anchor order.
+// order): selects the k best of the A anchors and calls take(entry) for each chosen explicit entry.
 template <int NT, typename T, typename Src, typename Take>
 __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k, RadixState& sh,
                            typename BlockScanT<NT>::TempStorage& scan_tmp, Take take) {

@@ -15,13 +15,17 @@ namespace lucid {
 namespace gpu {
 
 // Three kernels by the number of candidates of a row. candidate_topk_small_rows_kernel gives every row a warp:
-// padding rows and rows with at most kWarpCap candidates (most rows) are done there; the others go to a list of
-// medium rows for candidate_topk_medium_rows_kernel (a block of kThreads per row, a list of up to kListCap entries in
-// shared memory), which passes rows with more candidates on to candidate_topk_large_rows_kernel.
+// padding rows and rows with at most kWarpCap candidates and kWarpWalk anchors under their cells (most rows) are done
+// there; the others go to a list of medium rows for candidate_topk_medium_rows_kernel (a block per row, a list of up
+// to kListCap entries in shared memory), which passes rows with more candidates on to
+// candidate_topk_large_rows_kernel.
 constexpr int kWarpCap = 64;  // candidates of a row ranked by one warp (its time grows as their square)
 constexpr int kSlots = kWarpCap / 32;
+constexpr int kWarpWalk = 512;  // anchors a warp visits for its row at most (the walk's time grows with them)
 constexpr int kListCap = 4096;   // candidates of a medium row; more: a large row
 constexpr int kBitWords = 2048;  // the medium rows' bitmap of candidates covers up to 65,536 anchors
+constexpr int kMediumFewThreads = 1024;  // the medium rows' block when there are few object rows
+constexpr int kFewRows = 2;              // ... at most this many per multiprocessor
 
 // A medium row in shared memory: its candidates' (key, anchor) pairs in anchor order (only the K chosen get their
 // metric and overlap computed again), found through a bitmap over the A anchors when it fits (A <= kBitWords * 32),
@@ -46,16 +50,15 @@ struct RecomputeSource {
 };
 
 // A warp per row: finds the row's candidates through the cells, and when there are at most kWarpCap ranks them
-// (list_ranks) and claims its top K; a row with more goes to the list of medium rows.
+// (list_ranks) and claims its top K; a row with more, or with more than kWarpWalk anchors to visit, goes to the list
+// of medium rows.
 template <typename S, typename T>
 __global__ void __launch_bounds__(kThreads)
-    candidate_topk_small_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes, Claims<T> claims,
+    candidate_topk_small_rows_kernel(Problem<S, T> P, CellIndex cells, PairLog log, Claims claims,
                                      int32_t* medium_rows, int32_t* medium_n) {
-  // each warp's row: its candidates' anchors (in the order found) and their metric keys, metrics and overlaps
+  // each warp's row: its candidates' anchors (in the order found) and their metric keys
   __shared__ int32_t s_anchor[kWarps][kWarpCap];
   __shared__ uint32_t s_key[kWarps][kWarpCap];
-  __shared__ T s_align[kWarps][kWarpCap];
-  __shared__ T s_ov[kWarps][kWarpCap];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (row >= P.B * P.M) return;  // whole warps
@@ -66,10 +69,12 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = row / P.M;
   int n = 0;  // candidates found (same in all lanes)
   CellRange range;
-  bool fits = cells_under(P.prep.regions, row, P.D, cells, range);
+  // a row whose cells hold many anchors (a large box, or a long thin one on the diagonal) is walked by a block
+  bool fits = cells_under(P.prep.regions, row, P.D, cells, range) && anchors_under(cells, range) <= kWarpWalk;
   if (fits) {
+    const RegionOf<T> region = P.prep.regions.of(row, P.D);
     walk_cells(
-        cells, range, 0, 1, [&](int32_t a) { return P.contains(row, a); },
+        cells, range, 0, 1, [&](int32_t a) { return region.contains(P.point(a)); },
         [&](int32_t a, bool in) {
           const unsigned m = __ballot_sync(0xffffffffu, in);
           const int slot = n + __popc(m & ((1u << lane) - 1u));
@@ -93,40 +98,33 @@ __global__ void __launch_bounds__(kThreads)
     anchor[s] = 0;
     if (i < n) {
       const Entry<T> e = P.entry(row, b, s_anchor[warp][i]);
-      notes.note(row, e.align, e.overlap);
+      log.record(row, e);
       key[s] = s_key[warp][i] = e.key;
       anchor[s] = e.anchor;
-      s_align[warp][i] = e.align;
-      s_ov[warp][i] = e.overlap;
     }
   }
   __syncwarp();
   // each candidate's rank among all A anchors decides whether it is among the K chosen
   int64_t rank[kSlots];
   list_ranks<kSlots>(key, anchor, s_key[warp], s_anchor[warp], n, P.A, rank);
-  int taken = 0;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    const int i = s * 32 + lane;
-    const bool chosen = i < n && rank[s] < P.K;
-    const unsigned chosen_lanes = __ballot_sync(0xffffffffu, chosen);
-    if (chosen) {
-      claims.put(row, taken + __popc(chosen_lanes & ((1u << lane) - 1u)),
-                 Entry<T>{s_align[warp][i], s_ov[warp][i], anchor[s], key[s]});
-    }
-    taken += __popc(chosen_lanes);
+    if (s * 32 + lane < n && rank[s] < P.K) claims.put(row, anchor[s]);
   }
 }
 
-// Blocks of kThreads taking medium rows from their list in turn: the same selection from a list of up to kListCap
+// Blocks of NT threads taking medium rows from their list in turn: the same selection from a list of up to kListCap
 // candidates in shared memory (radix select, select_row). A row with more candidates goes to the list of large rows.
-template <typename S, typename T>
-__global__ void __launch_bounds__(kThreads, 4)
-    candidate_topk_medium_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes, Claims<T> claims,
+// NT is kThreads, four blocks to a multiprocessor, when there may be many medium rows; with few object rows in all
+// (kFewRows per multiprocessor at most), the time is that of the longest row, and blocks of kMediumFewThreads
+// threads shorten it.
+template <int NT, typename S, typename T>
+__global__ void __launch_bounds__(NT, NT == kThreads ? 4 : 1)
+    candidate_topk_medium_rows_kernel(Problem<S, T> P, CellIndex cells, PairLog log, Claims claims,
                                       const int32_t* medium_rows, const int32_t* medium_n, int32_t* medium_next,
                                       int32_t* big_rows, int32_t* big_n) {
   __shared__ SharedRow sh;
-  __shared__ typename BlockScan::TempStorage scan_tmp;
+  __shared__ typename BlockScanT<NT>::TempStorage scan_tmp;
   __shared__ int next;
   const int n_medium = *medium_n;
   // the candidates in anchor order: a bitmap compacted, or the anchors sorted
@@ -149,8 +147,9 @@ __global__ void __launch_bounds__(kThreads, 4)
       // visit the anchors of the cells under the region's bounding box, each warp a cell row in turn (warp-aggregated
       // slots)
       const int lane = threadIdx.x % 32;
+      const RegionOf<T> region = P.prep.regions.of(row, P.D);
       walk_cells(
-          cells, range, threadIdx.x / 32, blockDim.x / 32, [&](int32_t a) { return P.contains(row, a); },
+          cells, range, threadIdx.x / 32, blockDim.x / 32, [&](int32_t a) { return region.contains(P.point(a)); },
           [&](int32_t a, bool in) {
             const unsigned m = __ballot_sync(0xffffffffu, in);
             int base = 0;
@@ -172,26 +171,26 @@ __global__ void __launch_bounds__(kThreads, 4)
         continue;
       }
       if (use_bits) {
-        compact_bits<kThreads>(sh.bits, n_words, scan_tmp, [&](int i, int32_t a) { sh.anchor[i] = a; });
+        compact_bits<NT>(sh.bits, n_words, scan_tmp, [&](int i, int32_t a) { sh.anchor[i] = a; });
         __syncthreads();
       } else {
         sort_indices(sh.anchor, count);  // ends with a barrier
       }
       // the keys, a few per thread at once so that their loads overlap
       constexpr int kBatch = 2;
-      for (int i0 = threadIdx.x; i0 < count; i0 += kBatch * kThreads) {
+      for (int i0 = threadIdx.x; i0 < count; i0 += kBatch * NT) {
         Entry<T> e[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const int i = i0 + u * kThreads;
+          const int i = i0 + u * NT;
           if (i < count) e[u] = P.entry(row, b, sh.anchor[i]);
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
-          const int i = i0 + u * kThreads;
+          const int i = i0 + u * NT;
           if (i < count) {
             sh.key[i] = e[u].key;
-            notes.note(row, e[u].align, e[u].overlap);
+            log.record(row, e[u]);
           }
         }
       }
@@ -203,11 +202,11 @@ __global__ void __launch_bounds__(kThreads, 4)
         const int64_t a = base + threadIdx.x;
         const int inside = a < P.A && P.contains(row, a);
         int offset, total;
-        BlockScan(scan_tmp).ExclusiveSum(inside, offset, total);
+        BlockScanT<NT>(scan_tmp).ExclusiveSum(inside, offset, total);
         __syncthreads();
         if (inside) {
           const Entry<T> e = P.entry(row, b, a);
-          notes.note(row, e.align, e.overlap);
+          log.record(row, e);
           if (count + offset < kListCap) {
             sh.key[count + offset] = e.key;
             sh.anchor[count + offset] = e.anchor;
@@ -218,14 +217,12 @@ __global__ void __launch_bounds__(kThreads, 4)
       __syncthreads();
     }
     if (count <= kListCap) {
-      // the list holds keys only: the chosen entries are computed again (the same values)
       KeySource<T> src{sh.key, sh.anchor, count};
-      select_row<kThreads, T>(src, count, P.A, P.K, sh, scan_tmp,
-                              [&](const Entry<T>& e, int slot) { claims.put(row, slot, P.entry(row, b, e.anchor)); });
+      select_row<NT, T>(src, count, P.A, P.K, sh, scan_tmp, [&](const Entry<T>& e) { claims.put(row, e.anchor); });
     } else {
       RecomputeSource<S, T> src{&P, row, b};
-      select_row<kThreads, T>(src, count, P.A, P.K, sh, scan_tmp,
-                              [&](const Entry<T>& e, int slot) { claims.put(row, slot, e); });
+      select_row<NT, T>(src, count, P.A, P.K, sh, scan_tmp,
+                              [&](const Entry<T>& e) { claims.put(row, e.anchor); });
     }
     __syncthreads();  // shared memory is reused by the next row
   }
@@ -244,7 +241,7 @@ inline int64_t big_row_smem(int64_t A, int64_t cap) { return ((A + 31) / 32) * 4
 
 template <typename S, typename T>
 __global__ void __launch_bounds__(kBigThreads, 1)
-    candidate_topk_large_rows_kernel(Problem<S, T> P, CellIndex cells, RowNotes notes, Claims<T> claims,
+    candidate_topk_large_rows_kernel(Problem<S, T> P, CellIndex cells, PairLog log, Claims claims,
                                      const int32_t* big_rows, const int32_t* big_n, int64_t cap) {
   extern __shared__ __align__(16) unsigned char dyn[];
   const bool use_bits = cap >= 0;  // false: not even the bitmap fits in shared memory
@@ -265,7 +262,8 @@ __global__ void __launch_bounds__(kBigThreads, 1)
     CellRange range;
     cells_under(P.prep.regions, row, P.D, cells, range);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    auto inside = [&](int32_t a) { return P.contains(row, a); };
+    const RegionOf<T> region = P.prep.regions.of(row, P.D);
+    auto inside = [&](int32_t a) { return region.contains(P.point(a)); };
     walk_cells(cells, range, warp, warps, inside, [&](int32_t a, bool in) {
       if (in && use_bits) atomicOr(&bits[a >> 5], 1u << (a & 31));
       const unsigned m = __ballot_sync(0xffffffffu, in);
@@ -275,14 +273,13 @@ __global__ void __launch_bounds__(kBigThreads, 1)
     __syncthreads();
     const int64_t count = sh.n;
     const int k = P.K;
-    // the list holds keys only: the chosen entries are recomputed
-    auto take = [&](const Entry<T>& e, int slot) { claims.put(row, slot, P.entry(row, b, e.anchor)); };
+    auto take = [&](const Entry<T>& e) { claims.put(row, e.anchor); };
     if (use_bits && count <= cap) {
       compact_bits<kBigThreads>(bits, n_words, scan_tmp, [&](int i, int32_t a) { anchors[i] = a; });
       __syncthreads();
       for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
         const Entry<T> e = P.entry(row, b, anchors[i]);
-        notes.note(row, e.align, e.overlap);
+        log.record(row, e);
         keys[i] = e.key;
       }
       __syncthreads();
@@ -299,15 +296,11 @@ __global__ void __launch_bounds__(kBigThreads, 1)
     } else {
       // note every candidate once (a walk over the cells), then the in-order walk over all anchors
       walk_cells(cells, range, warp, warps, inside, [&](int32_t a, bool in) {
-        if (in) {
-          const Entry<T> e = P.entry(row, b, a);
-          notes.note(row, e.align, e.overlap);
-        }
+        if (in) log.record(row, P.entry(row, b, a));
         return true;
       });
       RecomputeSource<S, T> src{&P, row, b};
-      select_row<kBigThreads, T>(src, count, P.A, k, sh, scan_tmp,
-                                 [&](const Entry<T>& e, int slot) { claims.put(row, slot, e); });
+      select_row<kBigThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
     }
     __syncthreads();  // shared memory is reused by the next row
   }

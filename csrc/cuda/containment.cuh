@@ -10,6 +10,17 @@
 namespace lucid {
 namespace gpu {
 
+// One row's candidate region, copied to registers: the test a row applies to many anchors in a row.
+template <typename T>
+struct RegionOf {
+  int D;
+  geom::HbbRegion<T> hbb;
+  geom::ObbRegion<T> obb;
+  __device__ __forceinline__ bool contains(float2 p) const {
+    return D == 4 ? geom::hbb_contains(hbb, T(p.x), T(p.y)) : geom::obb_contains(obb, T(p.x), T(p.y));
+  }
+};
+
 // The candidate regions of object rows: axis-aligned (D = 4) or oriented (D = 5), one of the two arrays in use.
 template <typename T>
 struct Regions {
@@ -25,6 +36,13 @@ struct Regions {
     } else {
       obb[j] = geom::obb_candidate_region<T>(box[0], box[1], box[2], box[3], cos_t, sin_t, real, stride_val);
     }
+  }
+
+  __device__ __forceinline__ RegionOf<T> of(int64_t j, int D) const {
+    RegionOf<T> r{D, {}, {}};
+    if (D == 4) r.hbb = hbb[j];
+    else r.obb = obb[j];
+    return r;
   }
 
   __device__ __forceinline__ bool contains(int64_t j, int D, T px, T py) const {

@@ -84,14 +84,18 @@ struct PrepArgs {
   Axis* axes;
   int32_t* offsets;
   int32_t* sorted;
+  int32_t stage_cap;  // anchors placed through dynamic shared memory (its size: 4 bytes each)
 };
 
 // Block 0 builds the anchor index while the others clear the counters and prepare every object and prediction box
-// (thread i: object row i for i < B*M, then prediction i - B*M).
+// (thread i: object row i for i < B*M, then prediction i - B*M). Blocks of kPrepThreads fill a multiprocessor's
+// registers, so the dynamic shared memory that only block 0 uses costs the others no occupancy.
 template <typename T>
 __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const PrepArgs<T> p) {
   if (blockIdx.x == 0) {
-    build_anchor_index(p.anc_in, static_cast<int32_t>(p.A), p.anc, p.cell_of_anchor, p.axes, p.offsets, p.sorted);
+    extern __shared__ int32_t stage[];
+    build_anchor_index(p.anc_in, static_cast<int32_t>(p.A), p.anc, p.cell_of_anchor, p.axes, p.offsets, p.sorted,
+                       stage, p.stage_cap);
     return;
   }
   const int64_t i = static_cast<int64_t>(blockIdx.x - 1) * blockDim.x + threadIdx.x;

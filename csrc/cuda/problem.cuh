@@ -57,26 +57,50 @@ struct RowNotes {
   __device__ bool flagged(int64_t row) const { return nan_seen[row] || inf_cand[row]; }
 };
 
-// The claims of step 3: row r's chosen anchors in slots r*K .. r*K+K-1 (as many as it chose), and per anchor of the
-// image the number of claims (integer atomicAdd) and the largest claiming slot (atomicMax: the claimant when the
-// count is 1).
-template <typename T>
+// The claims of step 3, per anchor of the image: the number of rows that chose it (integer atomicAdd) and the
+// largest of those rows (atomicMax: the claimant when the count is 1).
 struct Claims {
-  int32_t* anchor;  // (B*M*K)
-  T* align;
-  T* ov;
-  int32_t* count;                // (B*A)
-  unsigned long long* claimant;  // (B*A)
+  int32_t* count;     // (B*A)
+  int32_t* claimant;  // (B*A)
   int64_t A, M;
-  int K;
-  __device__ void put(int64_t row, int slot, const Entry<T>& e) const {
-    const int64_t i = row * K + slot;
-    anchor[i] = e.anchor;
-    align[i] = e.align;
-    ov[i] = e.overlap;
-    const int64_t p = (row / M) * A + e.anchor;
+  __device__ void put(int64_t row, int32_t anchor) const {
+    const int64_t p = (row / M) * A + anchor;
     atomicAdd(&count[p], 1);
-    atomicMax(&claimant[p], static_cast<unsigned long long>(i));
+    atomicMax(&claimant[p], static_cast<int32_t>(row));
+  }
+};
+
+// Per anchor, the first row with the largest overlap among the rows it is a candidate of: step 4's owner of an
+// anchor claimed more than once (rules::FirstMax over all M rows, where the rows it is not a candidate of count 0).
+// Every candidate pair offers its overlap once; the largest key wins (integer atomicMax, so the order of the offers
+// does not matter): the overlap's order key (NaN above every number, -0 tied with +0) above the row's complement,
+// so that of equal overlaps the lower row wins.
+struct FirstRows {
+  unsigned long long* key;  // (B*A), 0 until a candidate pair offers
+  int64_t A, M;
+  __device__ void offer(int64_t row, int32_t anchor, float overlap) const {
+    const uint32_t m = static_cast<uint32_t>(row % M);
+    atomicMax(&key[(row / M) * A + anchor],
+              (static_cast<unsigned long long>(order_key(overlap)) << 32) | (0xFFFFFFFFu - m));
+  }
+  // The owner m of anchor p = b*A + a, from at least one offer. When the largest overlap is 0, every one of the M
+  // rows has overlap 0 (the candidates' are clamped at 0, the others count 0), so the first maximum is row 0.
+  __device__ int64_t first_row(int64_t p) const {
+    const unsigned long long k = key[p];
+    if (static_cast<uint32_t>(k >> 32) == kZeroKey) return 0;
+    return 0xFFFFFFFFu - static_cast<uint32_t>(k & 0xFFFFFFFFull);
+  }
+};
+
+// What steps 1-3 record of every candidate pair, exactly once each, as they compute its entry: the row's notes and
+// the anchor's first rows.
+struct PairLog {
+  RowNotes notes;
+  FirstRows first;
+  template <typename T>
+  __device__ void record(int64_t row, const Entry<T>& e) const {
+    notes.note(row, e.align, e.overlap);
+    first.offer(row, e.anchor, e.overlap);
   }
 };
 
@@ -130,8 +154,10 @@ struct Problem : AssignInputs<S, T> {
   bool pow_wide;  // s^alpha as for scores widened to float32 (CUDA autocast, amp.h)
 
   // Step 1: anchor a lies in the candidate region of `row`; candidate: and the row is a real object.
+  __device__ float2 point(int64_t a) const { return __ldg(reinterpret_cast<const float2*>(this->anc) + a); }
   __device__ bool contains(int64_t row, int64_t a) const {
-    return prep.regions.contains(row, D, this->anc[2 * a], this->anc[2 * a + 1]);
+    const float2 p = point(a);
+    return prep.regions.contains(row, D, p.x, p.y);
   }
   __device__ bool candidate(int64_t row, int64_t a) const { return this->valid[row] && contains(row, a); }
 

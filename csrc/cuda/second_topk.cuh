@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) n_explicit = all;
     __syncthreads();
     // survivors: only anchors the row owns (the others take places without being kept)
-    select_row<kThreads, T>(src, n_explicit, A, k2, sh, scan_tmp, [&](const Entry<T>& e, int) {
+    select_row<kThreads, T>(src, n_explicit, A, k2, sh, scan_tmp, [&](const Entry<T>& e) {
       if (own[e.anchor] == m) {
         keep[b * A + e.anchor] = 1;
         stats.add(row, e.align, e.overlap);

@@ -1,5 +1,5 @@
 // The working memory of one call of the fused assignment on the GPU: every buffer carved from one allocation of
-// the caching allocator, O(B*M*K + B*A + B*M) in all.
+// the caching allocator, O(B*A + B*M) in all.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +29,7 @@ class Layout {
   int64_t off_ = 0;
 };
 
-// The working buffers of one call: O(B*M*K + B*A + B*M) in all.
+// The working buffers of one call: O(B*A + B*M) in all (with a second top-k, 32 more ints per row).
 template <typename T>
 struct Workspace {
   // start at zero (cleared by prepare_kernel: the first zero_words 16-byte words)
@@ -37,9 +37,9 @@ struct Workspace {
   int32_t* medium_next;
   int32_t* big_n;
   int32_t* slow_n;
-  unsigned long long* n_conf;
   int32_t* count;                // claims per anchor (B*A)
-  unsigned long long* claimant;  // (B*A)
+  int32_t* claimant;             // (B*A)
+  unsigned long long* first;     // (B*A) FirstRows
   int32_t* keep;                 // second top-k survivors (B*A), when topk2 != topk
   int32_t* own_n;                // owned anchors per row (B*M), when topk2 != topk
   RowStats stats;                // (B*M) each
@@ -63,22 +63,18 @@ struct Workspace {
   int64_t* labels;      // (B*M) likewise
   int32_t* own_list;   // (B*M*kOwnCap), when topk2 != topk
   int32_t* slow_rows;  // (B*M), when topk2 != topk
-  int32_t* claim_anchor;
-  T* claim_align;
-  T* claim_ov;
-  int64_t* conflicts;
   int64_t* owner;
   T* own_align;
   T* own_ov;
 
-  void carve(Layout& L, int64_t B, int64_t A, int64_t M, int64_t K, bool second, int64_t D) {
+  void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D) {
     medium_n = L.take<int32_t>(1);
     medium_next = L.take<int32_t>(1);
     big_n = L.take<int32_t>(1);
     slow_n = L.take<int32_t>(1);
-    n_conf = L.take<unsigned long long>(1);
     count = L.take<int32_t>(B * A);
-    claimant = L.take<unsigned long long>(B * A);
+    claimant = L.take<int32_t>(B * A);
+    first = L.take<unsigned long long>(B * A);
     keep = L.take<int32_t>(second ? B * A : 0);
     own_n = L.take<int32_t>(second ? B * M : 0);
     stats.best_align = L.take<uint32_t>(B * M);
@@ -105,10 +101,6 @@ struct Workspace {
     labels = L.take<int64_t>(B * M);
     own_list = L.take<int32_t>(second ? B * M * kOwnCap : 0);
     slow_rows = L.take<int32_t>(second ? B * M : 0);
-    claim_anchor = L.take<int32_t>(B * M * K);
-    claim_align = L.take<T>(B * M * K);
-    claim_ov = L.take<T>(B * M * K);
-    conflicts = L.take<int64_t>(B * A);
     owner = L.take<int64_t>(B * A);
     own_align = L.take<T>(B * A);
     own_ov = L.take<T>(B * A);
