@@ -1,6 +1,7 @@
 """Training-step benchmark of the peer trainer's yolo26n-obb with and without lucid-assign, in one run.
 
     python bench/train_step.py          # GPU: batch 16 at 1024 px, bf16 autocast, 60 and 300 objects
+    python bench/train_step.py --dense  # a dense scene: 2,000 and 5,000 small objects (4-60 px) per image
     python bench/train_step.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3 --warmup 1   # smoke test
 
 The model is built from its YAML (no weights). Each step is a forward pass under bf16 autocast, the loss (YOLO26's
@@ -36,9 +37,11 @@ from lucid_assign.integrations import ultralytics as integ  # noqa: E402
 from lucid_assign.synthetic import dota_like_batch  # noqa: E402
 
 
-def labels_batch(batch: int, imgsz: int, objects: int, seed: int, device) -> dict:
-    """The peer's training batch: images, and per object its image index, class and normalised xywhr box."""
-    s = dota_like_batch(batch=batch, img_size=imgsz, num_classes=15, objects=objects, obb=True, seed=seed)
+def labels_batch(batch: int, imgsz: int, objects: int, seed: int, device, dense: bool = False) -> dict:
+    """The peer's training batch: images, and per object its image index, class and normalised xywhr box. dense:
+    objects of 4-60 px spread uniformly (synthetic.dense_batch) instead of the DOTA-like scene."""
+    s = dota_like_batch(batch=batch, img_size=imgsz, num_classes=15, objects=objects, obb=True, seed=seed,
+                        dense_sizes=(4.0, 60.0) if dense else None)
     mask = s["mask_gt"][..., 0].bool()
     idx = torch.arange(batch)[:, None].expand_as(mask)[mask].float()
     boxes = s["gt_bboxes"][mask].clone()
@@ -82,7 +85,7 @@ def measure(args, objects: int) -> list:
     """Both variants, unpatched and patched, built from one seed and stepped in alternation (which one goes first
     alternates too), so that both see the same conditions of the machine; then an instrumented pass of each."""
     device = args.device
-    batches = [labels_batch(args.batch, args.imgsz, objects, seed, device) for seed in range(3)]
+    batches = [labels_batch(args.batch, args.imgsz, objects, seed, device, args.dense) for seed in range(3)]
     runs = []
     for patched in (False, True):
         with integ.patched() if patched else contextlib.nullcontext():
@@ -207,14 +210,18 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--imgsz", type=int, default=1024)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--objects", type=int, nargs="+", default=[60, 300])
+    p.add_argument("--objects", type=int, nargs="+", default=None, help="objects per image (default 60 300; with "
+                   "--dense 2000 5000)")
+    p.add_argument("--dense", action="store_true", help="a dense scene: small objects (4-60 px) spread uniformly")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile", action="store_true", help="profile the assigner calls of two instrumented steps")
     p.add_argument("--dump", metavar="PREFIX", help="save the assigners' inputs of one patched step to PREFIX-m<objects>.pt")
     args = p.parse_args(argv)
+    args.objects = args.objects or ([2000, 5000] if args.dense else [60, 300])
     print(f"yolo26n-obb, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
-          f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")
+          f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}"
+          f"{', dense scene (objects of 4-60 px)' if args.dense else ''}")
     print(f"{'objects':>7} {'assigner':<34} {'step ms':>9} {'synchronised ms':>16} {'share':>6} {'stream ms':>10} "
           f"{'share':>6} {'host ms':>8}")
     rows = []

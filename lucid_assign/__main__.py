@@ -18,6 +18,7 @@ import time
 import torch
 
 from . import _library, api
+from .bench import PRESETS as BENCH_PRESETS
 from .synthetic import dota_like_batch
 
 INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
@@ -118,6 +119,13 @@ def bench(args) -> int:
     from . import bench as B
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    preset = B.PRESETS.get(args.preset, {})
+    if preset:  # a dense scene: its kind, batch, classes and range of objects, unless given
+        args.kind = preset["kind"]
+        args.batch = args.batch or preset["batch"]
+        args.classes = args.classes or preset["classes"]
+        args.objects = args.objects or [preset["objects"]]
+    args.objects = args.objects or [50, 200]
     batch = args.batch or (16 if device == "cuda" else 4)
     reps = args.reps or (20 if device == "cuda" else 5)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -127,18 +135,21 @@ def bench(args) -> int:
     kind = args.kind
     spec = dict(B.KINDS[kind], num_classes=B.num_classes_of(kind, args.classes))
     env = B.environment()
+    dense = bool(preset)
     print(f"lucid-assign bench: {kind.upper()} at {spec['img_size']} px, {spec['num_classes']} classes, batch {batch}, "
-          f"objects per image {args.objects}, top-k {B.TOPK}, device {device}")
+          f"objects per image {', '.join(B.objects_label(o) for o in args.objects)}"
+          f"{' (dense scene: ' + args.preset + ')' if dense else ''}, top-k {B.TOPK}, device {device}")
     print(f"torch {env['torch']} (CUDA {env['cuda']}), GPU {env['gpu']}, CPU threads {env['cpu_threads']}, "
           f"commit {env['commit']}, {env['date']}")
     results = B.run(kind, batch, args.objects, device, backends, reps, seed=args.seed, progress=not args.no_progress,
-                    classes=args.classes)
-    # what the assigner did on the largest batch
-    biggest = B.scene(kind, batch, max(args.objects), device, args.seed, classes=args.classes)[0]
-    done = [r["backend"] for r in results if r["objects"] == max(args.objects) and "median_s" in r]
+                    classes=args.classes, dense=dense)
+    # what the assigner did on the last batch
+    last = args.objects[-1]
+    biggest = B.scene(kind, batch, last, device, args.seed, classes=args.classes, dense=dense)[0]
+    done = [r["backend"] for r in results if r["objects"] == last and "median_s" in r]
     shown = "kernel" if "kernel" in done else (done[0] if done else None)
     if shown in ("kernel", "reference"):
-        print(f"\nassignment at {max(args.objects)} objects per image ({shown}):")
+        print(f"\nassignment at {B.objects_label(last)} objects per image ({shown}):")
         _describe(B.assign_runner(shown, kind, args.classes)(biggest), biggest, biggest["stride"], spec["img_size"])
     print()
     print(B.table(results))
@@ -173,7 +184,12 @@ def main(argv=None) -> int:
     bp.add_argument("--kind", choices=("obb", "hbb"), default="obb",
                     help="obb: 1024 px, 21,504 anchors, 15 classes; hbb: 640 px, 8,400 anchors, 80 classes")
     bp.add_argument("--batch", type=int, default=None, help="images per batch (default 16 on a GPU, 4 on the CPU)")
-    bp.add_argument("--objects", type=int, nargs="+", default=[50, 200], help="objects per image (one run each)")
+    bp.add_argument("--objects", type=int, nargs="+", default=None,
+                    help="objects per image (one run each; default 50 200)")
+    bp.add_argument("--preset", choices=sorted(BENCH_PRESETS), default=None,
+                    help="a dense scene of many small objects: xview (HBB, batch 128 at 640 px, 60 classes, "
+                    "2,500-5,000 objects per image) or dense-obb (OBB, batch 16 at 1024 px, 15 classes, the same "
+                    "counts); --batch and --classes still apply")
     bp.add_argument("--classes", type=int, default=None, help="number of classes (default 15 for obb, 80 for hbb)")
     bp.add_argument("--device", default="auto", help="cpu, cuda or auto")
     bp.add_argument("--backends", default="reference,kernel,peer",

@@ -1,7 +1,9 @@
 """Benchmark machinery shared by ``lucid-assign bench`` and the pytest-benchmark suite in bench/.
 
 A case is a box kind (HBB at 640 px with 80 classes, or OBB at 1024 px with 15 classes, as in the peer's detect and
-OBB models), a batch size and a number of objects per image, on one device. A backend is the reference, the
+OBB models), a batch size and a number of objects per image, on one device. The scene is DOTA-like
+(``dota_like_batch``) or, with a dense preset, many small objects (``dense_batch``), where a number of objects may be
+a (low, high) range drawn per image. A backend is the reference, the
 compiled kernel, or the peer trainer's assigner (``ultralytics``) when it is installed.
 """
 
@@ -19,18 +21,25 @@ import time
 import torch
 
 from . import api, ops, reference
-from .synthetic import dota_like_batch
+from .synthetic import dense_batch, dota_like_batch
 
 INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
 KINDS = {
     "hbb": dict(img_size=640, num_classes=80, obb=False),  # 8,400 anchors
     "obb": dict(img_size=1024, num_classes=15, obb=True),  # 21,504 anchors
 }
+# Dense scenes: xView-like (satellite, up to ~5,000 objects an image; the peer's assigner runs out of memory there
+# and falls back to the CPU) and the same density of oriented objects at the OBB size.
+PRESETS = {
+    "xview": dict(kind="hbb", batch=128, classes=60, objects=(2500, 5000)),
+    "dense-obb": dict(kind="obb", batch=16, classes=15, objects=(2500, 5000)),
+}
 TOPK = 10
 # Dense backends (the reference, the peer, the dense pass ops) build several (B, M, A) tensors; above this many
 # elements on the CPU they take minutes and tens of GiB, so the benchmark skips them there and says so.
 DENSE_CPU_LIMIT = int(os.environ.get("LUCID_BENCH_DENSE_CPU_LIMIT", 120_000_000))
-DENSE_BYTES_PER_ELEMENT = 40  # measured order of the reference's peak per (B, M, A) element
+# measured order of the peak per (B, M, A) element on the GPU: the reference ~40 bytes, the peer 17-24
+DENSE_BYTES_PER_ELEMENT = {"reference": 40, "peer": 24}
 
 
 def sync(device) -> None:
@@ -42,16 +51,23 @@ def num_classes_of(kind: str, classes: int | None = None) -> int:
     return classes or KINDS[kind]["num_classes"]
 
 
-@functools.lru_cache(maxsize=8)
-def _host_scene(kind: str, batch: int, objects: int, seed: int, classes: int | None = None):
+def objects_label(objects) -> str:
+    """An object count, or a (low, high) range of them, as text."""
+    return f"{objects[0]}-{objects[1]}" if isinstance(objects, (tuple, list)) else str(objects)
+
+
+@functools.lru_cache(maxsize=4)
+def _host_scene(kind: str, batch: int, objects, seed: int, classes: int | None = None, dense: bool = False):
     spec = dict(KINDS[kind], num_classes=num_classes_of(kind, classes))
-    return dota_like_batch(batch=batch, objects=objects, seed=seed, **spec)
+    make = dense_batch if dense else dota_like_batch
+    return make(batch=batch, objects=objects, seed=seed, **spec)
 
 
-def scene(kind: str, batch: int, objects: int, device="cpu", seed: int = 0, copies: int = 1,
-          classes: int | None = None):
-    """``copies`` independent copies of one seeded batch on ``device`` (rotated between timed calls)."""
-    host = _host_scene(kind, batch, objects, seed, classes)
+def scene(kind: str, batch: int, objects, device="cpu", seed: int = 0, copies: int = 1,
+          classes: int | None = None, dense: bool = False):
+    """``copies`` independent copies of one seeded batch on ``device`` (rotated between timed calls). ``objects``: a
+    count per image, or a (low, high) range drawn per image; ``dense``: a dense scene (dense_batch)."""
+    host = _host_scene(kind, batch, tuple(objects) if isinstance(objects, list) else objects, seed, classes, dense)
     out = []
     for _ in range(copies):
         out.append({k: (v.to(device, copy=True) if isinstance(v, torch.Tensor) else v) for k, v in host.items()})
@@ -69,7 +85,8 @@ def peer_assigner(kind: str, classes: int | None = None):
 
 
 def dense_skip(backend: str, device, batch: int, objects: int, anchors: int) -> str | None:
-    """Why a dense backend is not run at this size on this device, or None."""
+    """Why a dense backend is not run at this size (``objects``: the rows per image, padding included) on this
+    device, or None."""
     if backend == "kernel":
         return None
     elements = batch * objects * anchors
@@ -78,8 +95,9 @@ def dense_skip(backend: str, device, batch: int, objects: int, anchors: int) -> 
             return f"{backend} builds (B, M, A) = {elements:,} element tensors; above {DENSE_CPU_LIMIT:,} on the CPU"
         return None
     free, _ = torch.cuda.mem_get_info(device)
-    if elements * DENSE_BYTES_PER_ELEMENT > free:
-        return f"{backend} would need about {elements * DENSE_BYTES_PER_ELEMENT / 2**30:.0f} GiB of GPU memory"
+    need = elements * DENSE_BYTES_PER_ELEMENT.get(backend, 40)
+    if need > free:
+        return f"{backend} would need about {need / 2**30:.0f} GiB of GPU memory"
     return None
 
 
@@ -227,17 +245,17 @@ class Progress:
 
 
 def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: int = 0, progress: bool = True,
-        classes: int | None = None):
-    """Time ``assign`` for each backend and object count. Returns a list of result dicts."""
+        classes: int | None = None, dense: bool = False):
+    """Time ``assign`` for each backend and object count (or range). Returns a list of result dicts."""
     results = []
     bar = Progress(len(objects_list) * len(backends)) if progress else None
     for objects in objects_list:
-        copies = scene(kind, batch, objects, device, seed, copies=3, classes=classes)
-        n_anchors = copies[0]["anc_points"].shape[0]
+        copies = scene(kind, batch, objects, device, seed, copies=3, classes=classes, dense=dense)
+        n_anchors, rows = copies[0]["anc_points"].shape[0], copies[0]["gt_bboxes"].shape[1]
         for backend in backends:
             row = dict(kind=kind, batch=batch, objects=objects, device=str(device), backend=backend,
-                       anchors=n_anchors, classes=num_classes_of(kind, classes))
-            why = kernel_unavailable(device) if backend == "kernel" else dense_skip(backend, device, batch, objects,
+                       anchors=n_anchors, classes=num_classes_of(kind, classes), scene="dense" if dense else "dota")
+            why = kernel_unavailable(device) if backend == "kernel" else dense_skip(backend, device, batch, rows,
                                                                                    n_anchors)
             runner = assign_runner(backend, kind, classes)
             if why is None and isinstance(runner, str):
@@ -251,7 +269,7 @@ def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: 
                 row.update(median_s=statistics.median(times), min_s=min(times), max_s=max(times), reps=reps)
             results.append(row)
             if bar:
-                bar.step(f"{kind} b{batch} m{objects} {backend}")
+                bar.step(f"{kind} b{batch} m{objects_label(objects)} {backend}")
     return results
 
 
@@ -261,7 +279,7 @@ def table(results) -> str:
              f"{'vs reference':>12} {'vs peer':>8}"]
     by_objects = {}
     for r in results:
-        by_objects.setdefault(r["objects"], {})[r["backend"]] = r
+        by_objects.setdefault(objects_label(r["objects"]), {})[r["backend"]] = r
     for objects, rows in by_objects.items():
         ref, peer = rows.get("reference", {}), rows.get("peer", {})
         for backend, r in rows.items():
@@ -291,7 +309,7 @@ def plot(results, path: str, title: str) -> None:
         rows = [r for r in results if r["backend"] == backend and "median_s" in r]
         if not rows:
             continue
-        xs = [r["objects"] for r in rows]
+        xs = [max(r["objects"]) if isinstance(r["objects"], (list, tuple)) else r["objects"] for r in rows]
         ax_t.plot(xs, [r["median_s"] * 1e3 for r in rows], marker="o", label=backend)
         mem = [(r["objects"], r["peak_bytes"] / 2**20) for r in rows if r.get("peak_bytes")]
         if mem:

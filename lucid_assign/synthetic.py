@@ -5,6 +5,8 @@ packed in clusters (parking lots, harbours: rows of similar objects sharing an a
 uniformly; predicted boxes that mostly sit near the object each anchor looks at, with jitter, and class scores that
 are low everywhere but higher for the right class near objects. Top-k, conflicts, the stride floor and the zero fill
 of the top-k are all exercised.
+
+``dense_batch`` builds a dense scene (xView, SKU-110K): thousands of small objects per image, spread uniformly.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ def _predictions(g, anc, boxes, labels, strides_of, num_classes, obb):
     logits = -4.0 + randn(n_anchors, num_classes)
     if boxes.shape[0]:
         # anchors near an object predict a jittered copy of it, its class more confidently
-        nearest = torch.cdist(anc, boxes[:, :2]).argmin(1)
+        # in chunks of anchors: (A, n) distances at once would take GiB at thousands of objects
+        nearest = torch.cat([torch.cdist(a, boxes[:, :2]).argmin(1) for a in anc.split(2048)])
         obj = boxes[nearest]
         reach = obj[:, 2:4].max(-1).values / 2 + strides_of
         near = (anc - obj[:, :2]).norm(dim=-1) < reach
@@ -94,6 +97,20 @@ def _predictions(g, anc, boxes, labels, strides_of, num_classes, obb):
     return pd, torch.sigmoid(logits)
 
 
+def _dense_objects(g, n, img_size, num_classes, obb, sizes):
+    """(n, 5) boxes and (n,) labels for one image of a dense scene: centres uniform over the image, sides
+    log-uniform in ``sizes`` (pixels), aspect up to 1:3, any angle when ``obb``."""
+    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    lo, hi = sizes
+    side = torch.exp(math.log(lo) + rand(n) * math.log(hi / lo))
+    aspect = 1 + rand(n) * 2
+    wh = torch.stack((side, (side / aspect).clamp(min=lo)), -1)
+    xy = rand(n, 2) * img_size
+    angle = (rand(n, 1) - 0.5) * math.pi if obb else torch.zeros(n, 1, dtype=torch.float64)
+    labels = (rand(n) * num_classes).long().clamp(max=num_classes - 1)
+    return torch.cat((xy, wh, angle), -1), labels
+
+
 def dota_like_batch(
     batch: int = 4,
     img_size: int = 1024,
@@ -104,11 +121,13 @@ def dota_like_batch(
     strides=(8, 16, 32),
     score_dtype=torch.float32,
     device="cpu",
+    dense_sizes=None,
 ) -> dict:
     """A seeded batch: the six inputs of the assigner (keys as in ``assign``) plus ``stride`` and ``num_objects``.
 
     ``objects`` is an int (every image has that many) or a (low, high) range drawn per image. Padding rows are
-    zeros with ``mask_gt`` 0. Boxes are ``cx cy w h angle`` when ``obb`` else ``x1 y1 x2 y2``.
+    zeros with ``mask_gt`` 0. Boxes are ``cx cy w h angle`` when ``obb`` else ``x1 y1 x2 y2``. With ``dense_sizes``
+    (low, high) in pixels the scene is a dense one instead (see ``dense_batch``).
     """
     g = torch.Generator().manual_seed(seed)
     lo, hi = (objects, objects) if isinstance(objects, int) else objects
@@ -123,7 +142,10 @@ def dota_like_batch(
     pd = torch.zeros(batch, anc.shape[0], box_dim, dtype=torch.float64)
     scores = torch.zeros(batch, anc.shape[0], num_classes, dtype=torch.float64)
     for b, n in enumerate(counts):
-        boxes, cls = _objects(g, n, img_size, num_classes, obb)
+        if dense_sizes is None:
+            boxes, cls = _objects(g, n, img_size, num_classes, obb)
+        else:
+            boxes, cls = _dense_objects(g, n, img_size, num_classes, obb, dense_sizes)
         pred, sc = _predictions(g, anc, boxes, cls, strides_of, num_classes, obb)
         if not obb:
             boxes = torch.cat((boxes[:, :2] - boxes[:, 2:4] / 2, boxes[:, :2] + boxes[:, 2:4] / 2), -1)
@@ -143,6 +165,17 @@ def dota_like_batch(
         stride=list(strides),
         num_objects=counts,
     )
+
+
+def dense_batch(batch: int = 128, img_size: int = 640, num_classes: int = 60, objects=(2500, 5000), obb: bool = False,
+                seed: int = 0, sizes=(4.0, 60.0), **kw) -> dict:
+    """A dense scene, as in xView (satellite images, up to ~5,000 objects each) or SKU-110K (packed shelves): many small
+    objects per image, sides ``sizes`` pixels (log-uniform), centres uniform over the image, so that neighbours'
+    candidate regions overlap and many anchors are claimed by several objects. The default is xView-like: batch 128
+    at 640 px, 60 classes, 2,500 to 5,000 axis-aligned objects per image. Predictions and scores as in
+    ``dota_like_batch``; other keywords go to it."""
+    return dota_like_batch(batch=batch, img_size=img_size, num_classes=num_classes, objects=objects, obb=obb,
+                           seed=seed, dense_sizes=sizes, **kw)
 
 
 def check_batch(obb: bool) -> dict:

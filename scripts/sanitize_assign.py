@@ -2,8 +2,8 @@
 torch.topk, which the reference calls, reads memory it never wrote (initcheck reports it), and the reference's
 kernels make racecheck slow. Covers HBB and OBB, fp32 and bf16 scores, K2 != K, rows of every size (a warp, a block,
 the big-row kernel, the recompute walk at 1280 px, the sorted medium rows at 1920 px, non-finite boxes, rows about the warp's cap of 64), bf16 anchors,
-rows owning more than 32 anchors in the second top-k, 5,000 objects per image and every odd input of
-docs/odd-inputs.md.
+rows owning more than 32 anchors in the second top-k, 5,000 objects per image, dense scenes (thousands of small
+objects, conflicts among thousands of rows, all-zero and NaN overlaps) and every odd input of docs/odd-inputs.md.
 
     compute-sanitizer --tool initcheck --error-exitcode 9 python3 scripts/sanitize_assign.py
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_assign.py
@@ -20,9 +20,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from cases import make_problem  # noqa: E402
 from test_cuda_rows import MIXED, NEAR_WARP_CAP, scene  # noqa: E402
+from test_dense_scenes import crowd  # noqa: E402
 from test_hardening import _cases  # noqa: E402
 
 from lucid_assign import ops  # noqa: E402
+from lucid_assign.synthetic import dense_batch  # noqa: E402
 
 
 def main():
@@ -51,6 +53,11 @@ def main():
         near_cap = scene(1024, NEAR_WARP_CAP, obb, seed=3, device="cpu")  # rows of about 64 candidates
         run(near_cap, num_classes=5, topk=10)
         run(near_cap, num_classes=5, topk=300, topk2=3)  # K beyond the candidates
+        dense = dense_batch(batch=2, objects=(2500, 5000), obb=obb, seed=3)
+        run([dense[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")],
+            num_classes=60, topk=10)
+        for far, nan in ((False, 0.0), (True, 0.0), (False, 0.05)):  # conflicts among 3,000 rows
+            run(crowd(3000, obb=obb, seed=5, far=far, nan_preds=nan), num_classes=5, topk=10, topk2=None if nan else 3)
         bf16_anchors = list(near_cap)
         bf16_anchors[2] = (bf16_anchors[2] + 0.3).bfloat16()  # widened by the kernel
         run(bf16_anchors, num_classes=5, topk=10, topk2=3)
