@@ -54,10 +54,10 @@ def scene(img, sizes, obb, seed, far=False, negative=False, nan_row=None, classe
     return [t.to(device) for t in (scores, pd, anc, labels, gt, mask)]
 
 
-def check(inputs, **kw):
+def check(inputs, strides=STRIDES, **kw):
     kw = dict(dict(num_classes=5, topk=10, alpha=0.5, beta=6.0), **kw)
-    got = ops.assign(*inputs, stride_val=reference.stride_value(STRIDES), **kw)
-    want = reference.assign(*inputs, stride=STRIDES, **kw)
+    got = ops.assign(*inputs, stride_val=reference.stride_value(strides), **kw)
+    want = reference.assign(*inputs, stride=strides, **kw)
     names = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
     for name, a, b in zip(names, got, want):
         assert a.dtype == b.dtype and torch.equal(a, b), f"{name}: {(a != b).sum().item()} differ"
@@ -90,6 +90,29 @@ def test_rows_about_the_warp_cap(library, obb, topk):
     assert ((n > 48) & (n <= 64)).any() and ((n > 64) & (n <= 80)).any(), "the scene straddles the cap"
     k, k2 = topk
     out = check(inputs, topk=k, topk2=k2)
+    assert out[3].any()
+
+
+@pytest.mark.parametrize("topk", [(10, None), (13, 3)], ids=["k10", "k13k2=3"])
+def test_thin_diagonal_rows(library, topk):
+    """Long thin oriented boxes near 45 degrees under a side floor of 4 px: a warp's worth of candidates but hundreds
+    of anchors under their bounding box, so a block walks them (rows with more than 512 anchors under their cells
+    leave the warp path)."""
+    g = torch.Generator().manual_seed(9)
+    inputs = scene(1024, [[20] * 6, [20] * 6], True, seed=9)
+    gt = inputs[4].cpu()
+    lengths = torch.tensor([[300.0, 320, 340, 360, 60, 30], [380, 400, 280, 50, 310, 20]])
+    gt[..., 2], gt[..., 3] = lengths, 3.0
+    gt[..., 4] = math.pi / 4 + (torch.rand(2, 6, generator=g) - 0.5) * 0.1
+    gt[..., :2] = 300 + torch.rand(2, 6, 2, generator=g) * 400
+    inputs[4] = gt.cuda()
+    anc = inputs[2]
+    n = ops.points_in_boxes(anc, inputs[4], inputs[5], 4.0).sum(-1)
+    half = (lengths[..., None] * 0.5 * math.sqrt(0.5)).cuda()  # about half the side of the bounding box
+    near = ((anc[None, None] - inputs[4][..., None, :2]).abs() <= half[..., None]).all(-1).sum(-1)
+    assert ((n <= 64) & (near > 512)).sum() >= 4, "rows with a warp's worth of candidates under a wide bounding box"
+    k, k2 = topk
+    out = check(inputs, strides=(4,), topk=k, topk2=k2)
     assert out[3].any()
 
 

@@ -27,9 +27,8 @@ constexpr int kBitWords = 2048;  // the medium rows' bitmap of candidates covers
 constexpr int kMediumFewThreads = 1024;  // the medium rows' block when there are few object rows
 constexpr int kFewRows = 2;              // ... at most this many per multiprocessor
 
-// A medium row in shared memory: its candidates' (key, anchor) pairs in anchor order (only the K chosen get their
-// metric and overlap computed again), found through a bitmap over the A anchors when it fits (A <= kBitWords * 32),
-// else in the order found and then sorted.
+// A medium row in shared memory: its candidates' (key, anchor) pairs in anchor order, found through a bitmap over the
+// A anchors when it fits (A <= kBitWords * 32), else in the order found and then sorted.
 struct SharedRow : RadixState {
   uint32_t key[kListCap];
   int32_t anchor[kListCap];
@@ -234,7 +233,7 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : 1)
 // `cap` (key, anchor) pairs, also in dynamic shared memory: cap = A whenever the device's shared memory allows
 // (A <= ~27,000 anchors on an H100/H200), so the list cannot overflow there. A row with more candidates than cap
 // takes the general in-order walk over all A anchors with the metrics recomputed (slow, and only possible with
-// more anchors than that). Only the K chosen anchors get their full entry (metric and overlap) recomputed.
+// more anchors than that).
 constexpr int kBigThreads = 512;
 
 inline int64_t big_row_smem(int64_t A, int64_t cap) { return ((A + 31) / 32) * 4 + cap * 8; }
