@@ -1,12 +1,14 @@
-"""Training-step benchmark of the peer trainer's yolo26n-obb with and without lucid-assign, in one run.
+"""Training-step benchmark of the peer trainer's yolo26n-obb or yolo26n-pose with and without lucid-assign, in one run.
 
-    python bench/train_step.py          # GPU: batch 16 at 1024 px, bf16 autocast, 60 and 300 objects
-    python bench/train_step.py --dense  # a dense scene: 2,000 and 5,000 small objects (4-60 px) per image
+    python bench/train_step.py                # GPU: OBB, batch 16 at 1024 px, bf16 autocast, 60 and 300 objects
+    python bench/train_step.py --dense        # a dense scene: 2,000 and 5,000 small objects (4-60 px) per image
+    python bench/train_step.py --task pose    # yolo26n-pose, batch 16 at 640 px, 17 keypoints, 20 and 100 people
     python bench/train_step.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3 --warmup 1   # smoke test
 
 The model is built from its YAML (no weights). Each step is a forward pass under bf16 autocast, the loss (YOLO26's
-end-to-end loss: two assignments per step), backward and an SGD step, on synthetic DOTA-like labels. It reports the
-median step time, and the assigner's share measured in separate instrumented passes, two ways:
+end-to-end loss: two assignments per step), backward and an SGD step, on synthetic labels: DOTA-like for OBB
+(15 classes), people with COCO's 17 keypoints for pose (synthetic.pose_batch, one class). It reports the median step
+time, the peak GPU memory of a step, and the assigner's share measured in separate instrumented passes, two ways:
 
 - synchronised: the wall time of each assigner call between two device synchronisations (its host work and its GPU
   work, neither overlapped with anything; an upper bound of its cost in the step);
@@ -34,12 +36,25 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lucid_assign.integrations import ultralytics as integ  # noqa: E402
-from lucid_assign.synthetic import dota_like_batch  # noqa: E402
+from lucid_assign.synthetic import dota_like_batch, pose_batch  # noqa: E402
 
 
-def labels_batch(batch: int, imgsz: int, objects: int, seed: int, device, dense: bool = False) -> dict:
+def labels_batch(batch: int, imgsz: int, objects: int, seed: int, device, dense: bool = False,
+                 task: str = "obb") -> dict:
     """The peer's training batch: images, and per object its image index, class and normalised xywhr box. dense:
-    objects of 4-60 px spread uniformly (synthetic.dense_batch) instead of the DOTA-like scene."""
+    objects of 4-60 px spread uniformly (synthetic.dense_batch) instead of the DOTA-like scene. task "pose": people
+    with keypoints (synthetic.pose_batch), boxes as normalised xywh and keypoints as normalised x, y, visibility."""
+    if task == "pose":
+        s = pose_batch(batch=batch, img_size=imgsz, objects=objects, seed=seed)
+        mask = s["mask_gt"][..., 0].bool()
+        idx = torch.arange(batch)[:, None].expand_as(mask)[mask].float()
+        x1y1, x2y2 = s["gt_bboxes"][mask].split(2, -1)
+        boxes = (torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), -1) / imgsz).clamp(0, 1)
+        kpts = s["gt_kpts"][mask].clone()
+        kpts[..., :2] /= imgsz
+        g = torch.Generator().manual_seed(seed)
+        return {"img": torch.rand(batch, 3, imgsz, imgsz, generator=g).to(device), "batch_idx": idx.to(device),
+                "cls": s["gt_labels"][mask].to(device), "bboxes": boxes.to(device), "keypoints": kpts.to(device)}
     s = dota_like_batch(batch=batch, img_size=imgsz, num_classes=15, objects=objects, obb=True, seed=seed,
                         dense_sizes=(4.0, 60.0) if dense else None)
     mask = s["mask_gt"][..., 0].bool()
@@ -57,13 +72,16 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def build(device):
+def build(device, task: str = "obb"):
     from ultralytics.cfg import get_cfg
-    from ultralytics.nn.tasks import OBBModel
+    from ultralytics.nn.tasks import OBBModel, PoseModel
     from ultralytics.utils import DEFAULT_CFG
 
     torch.manual_seed(0)
-    model = OBBModel("yolo26n-obb.yaml", nc=15, verbose=False).to(device)
+    if task == "pose":
+        model = PoseModel("yolo26n-pose.yaml", nc=1, data_kpt_shape=(17, 3), verbose=False).to(device)
+    else:
+        model = OBBModel("yolo26n-obb.yaml", nc=15, verbose=False).to(device)
     model.args = get_cfg(DEFAULT_CFG)
     model.train()
     return model, torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
@@ -85,11 +103,11 @@ def measure(args, objects: int) -> list:
     """Both variants, unpatched and patched, built from one seed and stepped in alternation (which one goes first
     alternates too), so that both see the same conditions of the machine; then an instrumented pass of each."""
     device = args.device
-    batches = [labels_batch(args.batch, args.imgsz, objects, seed, device, args.dense) for seed in range(3)]
+    batches = [labels_batch(args.batch, args.imgsz, objects, seed, device, args.dense, args.task) for seed in range(3)]
     runs = []
     for patched in (False, True):
         with integ.patched() if patched else contextlib.nullcontext():
-            model, opt = build(device)
+            model, opt = build(device, args.task)
             for i in range(args.warmup):  # the first step builds the loss, and with it the assigners
                 step(model, opt, batches[i % 3], device)
         runs.append(dict(objects=objects, patched=patched, model=model, opt=opt, times=[]))
@@ -122,6 +140,7 @@ def measure(args, objects: int) -> list:
                 for t in timers:  # the inputs of the first step are enough
                     t.calls = None
             inside[mode] = statistics.median(per_step)
+            inside[mode + " peak"] = max(t.peak for t in timers)
             inside[mode + " host"] = statistics.median(host)
         if args.profile:
             profile_assigners(model, opt, batches, device)
@@ -131,7 +150,16 @@ def measure(args, objects: int) -> list:
             path = f"{args.dump}-m{objects}.pt"
             torch.save(calls, path)
             print(f"saved the inputs of {len(calls)} assigner calls to {path}")
+        peak = None
+        if torch.device(device).type == "cuda":  # the peak memory of one plain step, from the state between steps
+            sync(device)
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step(model, opt, batches[0], device)
+            sync(device)
+            peak = torch.cuda.max_memory_allocated() - base
         r.update(step_s=statistics.median(r["times"]), assign_s=inside["synchronised"], stream_s=inside["stream"],
+                 peak_b=peak, assign_peak_b=inside["synchronised peak"] if peak is not None else None,
                  host_s=inside["stream host"] if torch.device(device).type == "cuda" else None,
                  assigners=sorted({type(a).__name__ for a in originals}))
     return runs
@@ -170,6 +198,7 @@ class _Timed:
         self.cuda = torch.device(device).type == "cuda"
         self.spans = []
         self.host = 0.0  # stream mode: host time inside the calls (until they return, nothing waited for)
+        self.peak = 0  # synchronised mode on CUDA: the largest peak memory of a call above what it found allocated
 
     def __call__(self, *args, **kwargs):
         if self.calls is not None:
@@ -188,10 +217,15 @@ class _Timed:
                 self.spans.append((start, end))
                 return out
             sync(self.device)  # on the CPU, both modes are the host clock
+            if self.cuda:
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
             t0 = time.perf_counter()
             out = self.inner(*args, **kwargs)
             sync(self.device)
             self.spans.append(time.perf_counter() - t0)
+            if self.cuda:  # the call's own peak: its working memory and its outputs
+                self.peak = max(self.peak, torch.cuda.max_memory_allocated() - base)
             return out
 
     def take(self) -> tuple:
@@ -208,29 +242,35 @@ class _Timed:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--imgsz", type=int, default=1024)
+    p.add_argument("--task", choices=("obb", "pose"), default="obb")
+    p.add_argument("--imgsz", type=int, default=None, help="default 1024 (obb), 640 (pose)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--objects", type=int, nargs="+", default=None, help="objects per image (default 60 300; with "
-                   "--dense 2000 5000)")
+                   "--dense 2000 5000; pose: 20 100)")
     p.add_argument("--dense", action="store_true", help="a dense scene: small objects (4-60 px) spread uniformly")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile", action="store_true", help="profile the assigner calls of two instrumented steps")
     p.add_argument("--dump", metavar="PREFIX", help="save the assigners' inputs of one patched step to PREFIX-m<objects>.pt")
     args = p.parse_args(argv)
-    args.objects = args.objects or ([2000, 5000] if args.dense else [60, 300])
-    print(f"yolo26n-obb, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
+    if args.dense and args.task != "obb":
+        p.error("--dense is an OBB scene")
+    args.objects = args.objects or ([2000, 5000] if args.dense else [20, 100] if args.task == "pose" else [60, 300])
+    args.imgsz = args.imgsz or (640 if args.task == "pose" else 1024)
+    print(f"yolo26n-{args.task}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}"
           f"{', dense scene (objects of 4-60 px)' if args.dense else ''}")
     print(f"{'objects':>7} {'assigner':<34} {'step ms':>9} {'synchronised ms':>16} {'share':>6} {'stream ms':>10} "
-          f"{'share':>6} {'host ms':>8}")
+          f"{'share':>6} {'host ms':>8} {'peak MiB':>9} {'assigner MiB':>12}")
     rows = []
     for objects in args.objects:
         for r in measure(args, objects):
             rows.append(r)
             print(f"{objects:>7} {', '.join(r['assigners']):<34} {r['step_s'] * 1e3:9.1f} {r['assign_s'] * 1e3:16.2f} "
                   f"{100 * r['assign_s'] / r['step_s']:5.2f}% {r['stream_s'] * 1e3:10.2f} {100 * r['stream_s'] / r['step_s']:5.2f}% "
-                  f"{'-' if r['host_s'] is None else format(r['host_s'] * 1e3, '.2f'):>8}")
+                  f"{'-' if r['host_s'] is None else format(r['host_s'] * 1e3, '.2f'):>8} "
+                  f"{'-' if r['peak_b'] is None else format(r['peak_b'] / 2**20, '.0f'):>9} "
+                  f"{'-' if r['assign_peak_b'] is None else format(r['assign_peak_b'] / 2**20, '.1f'):>12}")
         base, ours = rows[-2], rows[-1]
         # the same figure from the steps in pairs (step i of each: the same batch, run one after the other), which
         # leaves out the machine's drift between steps

@@ -7,6 +7,8 @@ are low everywhere but higher for the right class near objects. Top-k, conflicts
 of the top-k are all exercised.
 
 ``dense_batch`` builds a dense scene (xView, SKU-110K): thousands of small objects per image, spread uniformly.
+
+``pose_batch`` builds a keypoint scene (people, COCO's 17 keypoints by default): the inputs of the pose assigner.
 """
 
 from __future__ import annotations
@@ -176,6 +178,88 @@ def dense_batch(batch: int = 128, img_size: int = 640, num_classes: int = 60, ob
     ``dota_like_batch``; other keywords go to it."""
     return dota_like_batch(batch=batch, img_size=img_size, num_classes=num_classes, objects=objects, obb=obb,
                            seed=seed, dense_sizes=sizes, **kw)
+
+
+# COCO's per-keypoint OKS sigmas (nose, eyes, ears, shoulders, elbows, wrists, hips, knees, ankles), from the COCO
+# keypoint evaluation.
+COCO_SIGMAS = (0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072, 0.062, 0.062, 0.107, 0.107, 0.087,
+               0.087, 0.089, 0.089)
+
+
+def pose_batch(batch: int = 16, img_size: int = 640, num_classes: int = 1, objects=(20, 20), keypoints: int = 17,
+               seed: int = 0, score_dtype=torch.float32, device="cpu", strides=(8, 16, 32)) -> dict:
+    """A seeded keypoint batch: the inputs of the pose assigner (``assign_pose``) plus ``stride`` and
+    ``num_objects``.
+
+    Objects are axis-aligned boxes ``x1 y1 x2 y2``, upright (height 1.2-3x the width), heights log-uniform from 6 px to
+    most of the image so that every pyramid level and the gate's edges (2 and 12 strides) are reached, and one object
+    in ten a thin box (1-4 px wide) that the level gate would leave without candidates. Each has ``keypoints`` points
+    inside its box; a keypoint is visible (flag 2) with probability 0.7, otherwise it is at (0, 0) with flag 0, and one
+    object in ten has none visible. Anchors near an object predict its box and keypoints with jitter (keypoints
+    ``pd_kpts`` (B, A, K, 2) in pixels); the others predict points around themselves. ``sigmas`` are COCO's for 17
+    keypoints, else 1/K each (as the peer trainer's pose loss)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    lo, hi = (objects, objects) if isinstance(objects, int) else objects
+    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
+    n_max = max(counts) if counts else 0
+    anc = anchor_points(img_size, strides, dtype=torch.float64)
+    strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
+    n_anchors = anc.shape[0]
+    gt = torch.zeros(batch, n_max, 4, dtype=torch.float64)
+    gt_kpts = torch.zeros(batch, n_max, keypoints, 3, dtype=torch.float64)
+    labels = torch.zeros(batch, n_max, 1)
+    mask = torch.zeros(batch, n_max, 1)
+    pd = torch.zeros(batch, n_anchors, 4, dtype=torch.float64)
+    pd_kpts = torch.zeros(batch, n_anchors, keypoints, 2, dtype=torch.float64)
+    scores = torch.zeros(batch, n_anchors, num_classes, dtype=torch.float64)
+    for b, n in enumerate(counts):
+        h = torch.exp(math.log(6.0) + rand(n) * math.log(img_size * 0.9 / 6.0))
+        w = h / (1.2 + rand(n) * 1.8)
+        thin = rand(n) < 0.1
+        w = torch.where(thin, 1.0 + rand(n) * 3.0, w)
+        xy = rand(n, 2) * img_size
+        boxes = torch.cat((xy, torch.stack((w, h), -1), torch.zeros(n, 1, dtype=torch.float64)), -1)
+        cls = (rand(n) * num_classes).long().clamp(max=num_classes - 1)
+        pred, sc = _predictions(g, anc, boxes, cls, strides_of, num_classes, obb=False)
+        x1y1, x2y2 = boxes[:, :2] - boxes[:, 2:4] / 2, boxes[:, :2] + boxes[:, 2:4] / 2
+        kxy = x1y1[:, None] + rand(n, keypoints, 2) * boxes[:, None, 2:4]
+        vis = (rand(n, keypoints) < 0.7) & (rand(n, 1) >= 0.1)
+        kxy = kxy * vis[..., None]
+        gt[b, :n] = torch.cat((x1y1, x2y2), -1)
+        gt_kpts[b, :n] = torch.cat((kxy, vis[..., None].double() * 2), -1)
+        labels[b, :n, 0] = cls.float()
+        mask[b, :n] = 1.0
+        pd[b] = torch.cat((pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2), -1)
+        scores[b] = sc
+        # keypoints: near an object, its keypoints with jitter of a tenth of its size; elsewhere around the anchor
+        around = anc[:, None] + randn(n_anchors, keypoints, 2) * strides_of[:, None, None] * 2
+        if n:
+            nearest = torch.cat([torch.cdist(a, xy).argmin(1) for a in anc.split(2048)])
+            reach = boxes[nearest, 2:4].max(-1).values / 2 + strides_of
+            near = (anc - xy[nearest]).norm(dim=-1) < reach
+            size = boxes[nearest, 2:4].max(-1).values
+            jitter = x1y1[nearest, None] + rand(n_anchors, keypoints, 2) * boxes[nearest, None, 2:4]
+            jitter = torch.where(vis[nearest][..., None], kxy[nearest], jitter)
+            jitter = jitter + randn(n_anchors, keypoints, 2) * size[:, None, None] * 0.1
+            around = torch.where(near[:, None, None], jitter, around)
+        pd_kpts[b] = around
+    sigmas = torch.tensor(COCO_SIGMAS) if keypoints == 17 else torch.full((keypoints,), 1.0 / keypoints)
+    return dict(
+        pd_scores=scores.to(device=device, dtype=score_dtype),
+        pd_bboxes=pd.to(device=device, dtype=torch.float32),
+        anc_points=anc.to(device=device, dtype=torch.float32),
+        gt_labels=labels.to(device),
+        gt_bboxes=gt.to(device=device, dtype=torch.float32),
+        mask_gt=mask.to(device),
+        anc_strides=strides_of.to(device=device, dtype=torch.float32),
+        pd_kpts=pd_kpts.to(device=device, dtype=torch.float32),
+        gt_kpts=gt_kpts.to(device=device, dtype=torch.float32),
+        sigmas=sigmas.to(device=device, dtype=torch.float32),
+        stride=list(strides),
+        num_objects=counts,
+    )
 
 
 def check_batch(obb: bool) -> dict:
