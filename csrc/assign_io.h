@@ -25,6 +25,17 @@ struct AssignInputs {
   T eps;
 };
 
+// The pose inputs of assign_pose, checked (check_assign_pose_args: K keypoints), that each backend's assign adds to
+// the box inputs; absent (a null pointer) for assign.
+struct PoseArgs {
+  const at::Tensor& anc_strides;
+  const at::Tensor& pd_kpts;
+  const at::Tensor& gt_kpts;
+  const at::Tensor& sigmas;
+  int64_t K;
+  double level_lo, level_hi;
+};
+
 struct AssignOutputs {
   at::Tensor labels, boxes, scores, fg, gt_idx;
 

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "geometry.h"
+
 namespace lucid {
 
 // (B, M, 1) or (B, M): one value per object row.
@@ -134,6 +136,40 @@ inline PairDims check_assign_args(const at::Tensor& pd_scores, const at::Tensor&
               ") must not exceed the number of anchors (", d.A, ")");
   TORCH_CHECK(std::isfinite(stride_val) && stride_val > 0, "stride_val must be a positive number, got ", stride_val);
   return d;
+}
+
+// torch.ops.lucid.assign_pose: the inputs of assign (x1y1x2y2 boxes only) and the pose inputs. Returns K, the
+// keypoints per object.
+inline int64_t check_assign_pose_args(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& gt_bboxes,
+                                      const at::Tensor& anc_strides, const at::Tensor& pd_kpts,
+                                      const at::Tensor& gt_kpts, const at::Tensor& sigmas, double level_lo,
+                                      double level_hi) {
+  TORCH_CHECK(d.D == 4, "assign_pose takes x1y1x2y2 boxes, (B, M, 4); got gt_bboxes ", gt_bboxes.sizes());
+  const auto box_t = gt_bboxes.scalar_type();
+  TORCH_CHECK(anc_strides.dim() == 1 && anc_strides.size(0) == d.A, "anc_strides must be (A,) with A = ", d.A,
+              ", got ", anc_strides.sizes());
+  const auto st = anc_strides.scalar_type();
+  TORCH_CHECK(c10::isFloatingType(st) && c10::promoteTypes(st, box_t) == box_t,
+              "anc_strides must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", st);
+  TORCH_CHECK(gt_kpts.dim() == 4 && gt_kpts.size(0) == d.B && gt_kpts.size(1) == d.M && gt_kpts.size(3) == 3,
+              "gt_kpts must be (B, M, K, 3) = (", d.B, ", ", d.M, ", K, 3), got ", gt_kpts.sizes());
+  const int64_t K = gt_kpts.size(2);
+  TORCH_CHECK(K <= geom::kMaxKeypoints, "gt_kpts: the kernels take at most ", geom::kMaxKeypoints,
+              " keypoints per object, got ", K);
+  TORCH_CHECK(pd_kpts.dim() == 4 && pd_kpts.size(0) == d.B && pd_kpts.size(1) == d.A && pd_kpts.size(2) == K &&
+                  pd_kpts.size(3) == 2,
+              "pd_kpts must be (B, A, K, 2) = (", d.B, ", ", d.A, ", ", K, ", 2), got ", pd_kpts.sizes());
+  TORCH_CHECK(c10::isFloatingType(pd_kpts.scalar_type()), "pd_kpts must be a floating-point tensor, got ",
+              pd_kpts.scalar_type());
+  TORCH_CHECK(gt_kpts.scalar_type() == box_t, "gt_kpts must have the dtype of gt_bboxes (", box_t, "), got ",
+              gt_kpts.scalar_type());
+  TORCH_CHECK(sigmas.dim() == 1 && sigmas.size(0) == K, "sigmas must be (K,) = (", K, ",), got ", sigmas.sizes());
+  TORCH_CHECK(sigmas.scalar_type() == box_t, "sigmas must have the dtype of gt_bboxes (", box_t, "), got ",
+              sigmas.scalar_type());
+  TORCH_CHECK(std::isfinite(level_lo) && std::isfinite(level_hi), "level_range must be two finite numbers, got (",
+              level_lo, ", ", level_hi, ")");
+  check_one_device(pd_scores, {&anc_strides, &pd_kpts, &gt_kpts, &sigmas});
+  return K;
 }
 
 }  // namespace lucid

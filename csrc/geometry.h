@@ -308,5 +308,72 @@ LUCID_HD T probiou(T gx, T gy, const Gauss<T>& g, T px, T py, const Gauss<T>& p)
   return sub(T(1), sqrt_(probiou_sqrt_arg(exp_(-bd))));
 }
 
+// ---- pose (docs/spec.md, "Pose") ------------------------------------------------------------------------------
+// The keypoint scale of an object is its box area times kOksAreaScale, plus the assigner's eps.
+constexpr double kOksAreaScale = 0.53;
+// Keypoints per object the kernels take: the OKS sums K terms in the order of PyTorch's CUDA reduction over a last
+// dimension of K elements, which is the one below for K < 64 (wider rows are split differently).
+constexpr int kMaxKeypoints = 63;
+
+// The area of a box x1y1x2y2 as given (no side floor): (x2 - x1) * (y2 - y1).
+template <typename T>
+LUCID_HD T box_area(T x1, T y1, T x2, T y2) {
+  return mul(sub(x2, x1), sub(y2, y1));
+}
+
+// The OKS scale of an object from its area: area * 0.53 + eps.
+template <typename T>
+LUCID_HD T oks_scale(T area, T eps) {
+  return add(mul(area, T(kOksAreaScale)), eps);
+}
+
+// Step 1's level gate for one anchor: the object's side (sqrt(max(area, 0))) against the bounds lo * t and hi * t of
+// the anchor's stride t (each rounded to the strides' dtype); `smallest` and `largest`: t is the smallest (largest)
+// stride of all anchors, whose level is open below (above). Comparisons are exact in any type holding both values.
+template <typename T>
+LUCID_HD bool level_pass(T side, T lo_t, T hi_t, bool smallest, bool largest) {
+  return (side >= lo_t || smallest) && (side <= hi_t || largest);
+}
+
+// (2 sigma)^2 of one keypoint.
+template <typename T>
+LUCID_HD T oks_sigma2(T sigma) {
+  const T s = mul(T(2), sigma);
+  return mul(s, s);
+}
+
+// The exponent of one keypoint's OKS term: -d^2 / ((2 sigma)^2 * scale * 2), d^2 = dx^2 + dy^2 between the
+// predicted keypoint (px, py) and the object's (gx, gy).
+template <typename T>
+LUCID_HD T oks_exponent(T px, T py, T gx, T gy, T sigma2, T scale) {
+  const T dx = sub(px, gx), dy = sub(py, gy);
+  const T d2 = add(mul(dx, dx), mul(dy, dy));
+  return div(-d2, mul(mul(sigma2, scale), T(2)));
+}
+
+// The sum of the K <= kMaxKeypoints terms term(k) in the order of PyTorch's CUDA sum over a contiguous last dimension
+// of K elements: W lanes, W the largest power of two <= K; lane t holds term(t) + term(t + W) (when t + W < K); then
+// the lanes are added as a tree, lane t += lane t + o for o = W/2, W/4, ..., 1. The result is lane 0.
+template <typename T, typename Term>
+LUCID_HD T keypoint_sum(int K, Term term) {
+  T lane[32];
+  int W = 1;
+  while (W * 2 <= K) W *= 2;
+  for (int k = 0; k < K; ++k) {
+    const T v = term(k);
+    lane[k < W ? k : k - W] = k < W ? v : add(lane[k - W], v);
+  }
+  for (int o = W / 2; o > 0; o /= 2) {
+    for (int t = 0; t < o; ++t) lane[t] = add(lane[t], lane[t + o]);
+  }
+  return lane[0];
+}
+
+// The OKS of a pair from its sum over the visible keypoints: the mean over the n visible ones (n >= 1).
+template <typename T>
+LUCID_HD T oks_mean(T sum, int n_visible) {
+  return div(sum, T(n_visible));
+}
+
 }  // namespace geom
 }  // namespace lucid

@@ -35,22 +35,32 @@ TORCH_LIBRARY(lucid, m) {
       "assign(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
       "Tensor mask_gt, int topk, int topk2, int num_classes, float alpha, float beta, float eps, float stride_val) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // The pose assignment (docs/spec.md, "Pose"): assign for x1y1x2y2 boxes, with step 1 gated by pyramid level
+  // (anc_strides (A,), object side between level_lo and level_hi strides) and the keypoint OKS as step 2's overlap
+  // (pd_kpts (B, A, K, 2), gt_kpts (B, M, K, 3), sigmas (K,)); objects without visible keypoints keep the CIoU.
+  m.def(
+      "assign_pose(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
+      "Tensor mask_gt, Tensor anc_strides, Tensor pd_kpts, Tensor gt_kpts, Tensor sigmas, int topk, int topk2, "
+      "int num_classes, float alpha, float beta, float eps, float stride_val, float level_lo, float level_hi) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 // The assignment produces targets, not something to differentiate: the outputs are constants. A fallthrough at the
 // Autograd key sends every call straight to the backend kernel, so inputs that require grad are accepted and the
 // outputs do not require grad.
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
-  for (const char* op : {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign"}) {
+  for (const char* op :
+       {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }
 
-// CUDA autocast runs `pow` in float32 (amp.h): the ops that take the power of the scores (assign, box_metrics) see
-// float16/bfloat16 scores as widened exactly, so that every backend computes what the reference computes in the same
-// context. box_metrics is given widened scores; assign is forwarded with the flag of amp.h, which its CUDA kernel
-// reads (the same values, without a float32 copy of the scores). CPU autocast leaves pow in the input dtype and
-// needs nothing.
+// CUDA autocast runs `pow` in float32 (amp.h): the ops that take the power of the scores (assign, assign_pose,
+// box_metrics) see float16/bfloat16 scores as widened exactly, so that every backend computes what the reference
+// computes in the same context. box_metrics is given widened scores; assign and assign_pose are forwarded with the
+// flag of amp.h, which their CUDA kernel reads (the same values, without a float32 copy of the scores). CPU autocast
+// leaves pow in the input dtype and needs nothing.
 namespace {
 
 bool narrow_cuda_scores(const at::Tensor& s) {
@@ -76,6 +86,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_au
                  beta, eps, stride_val);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_pose_autocast(
+    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
+    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, const at::Tensor& anc_strides, const at::Tensor& pd_kpts,
+    const at::Tensor& gt_kpts, const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes,
+    double alpha, double beta, double eps, double stride_val, double level_lo, double level_hi) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lucid::assign_pose", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double, double,
+                                 double, double, double, double)>();
+  const lucid::ScoresPowInFloat32 flag(narrow_cuda_scores(pd_scores));
+  return op.call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts,
+                 sigmas, topk, topk2, num_classes, alpha, beta, eps, stride_val, level_lo, level_hi);
+}
+
 std::tuple<at::Tensor, at::Tensor> box_metrics_autocast(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
                                                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
                                                         const at::Tensor& candidates, double alpha, double beta) {
@@ -92,6 +120,7 @@ std::tuple<at::Tensor, at::Tensor> box_metrics_autocast(const at::Tensor& pd_sco
 
 TORCH_LIBRARY_IMPL(lucid, AutocastCUDA, m) {
   m.impl("assign", &assign_autocast);
+  m.impl("assign_pose", &assign_pose_autocast);
   m.impl("box_metrics", &box_metrics_autocast);
   for (const char* op : {"points_in_boxes", "pair_overlaps", "resolve_conflicts"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());

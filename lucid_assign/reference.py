@@ -23,6 +23,11 @@ import torch
 # Margins and epsilons of docs/spec.md.
 HBB_MARGIN = 1e-9  # strict containment margin of the axis-aligned test
 IOU_EPS = 1e-7  # eps inside CIoU and probiou
+# Pose (docs/spec.md, "Pose"): an object of side s (the square root of its box area) is a candidate on the pyramid
+# levels of stride t with LEVEL_RANGE[0] * t <= s <= LEVEL_RANGE[1] * t; its keypoint scale is its box area times
+# OKS_AREA_SCALE (the scale of COCO's keypoint evaluation).
+LEVEL_RANGE = (2.0, 12.0)
+OKS_AREA_SCALE = 0.53
 
 
 def stride_value(stride: Sequence[float]) -> float:
@@ -138,6 +143,60 @@ def pair_overlaps(gt: torch.Tensor, pd: torch.Tensor) -> torch.Tensor:
     return overlap.clamp(min=0)
 
 
+def _box_sides(gt_bboxes: torch.Tensor):
+    """Width and height of x1y1x2y2 boxes as they are given (no side floor)."""
+    return gt_bboxes[..., 2] - gt_bboxes[..., 0], gt_bboxes[..., 3] - gt_bboxes[..., 1]
+
+
+def level_gate(inside: torch.Tensor, gt_bboxes: torch.Tensor, anc_strides: torch.Tensor,
+               level_range=LEVEL_RANGE) -> torch.Tensor:
+    """Step 1 for pose: of the (B, M, A) containment ``inside``, the anchors on the pyramid levels that fit each
+    object's size; an object the gate would leave with none keeps all of ``inside``.
+
+    The side is ``sqrt(max(w * h, 0))`` of the box as given; an anchor of stride t passes when ``side >= lo * t`` (or t
+    is the smallest stride of all anchors) and ``side <= hi * t`` (or t is the largest), ``lo * t`` and ``hi * t``
+    rounded to the strides' dtype and compared in the promoted dtype.
+    """
+    lo, hi = level_range
+    w, h = _box_sides(gt_bboxes)
+    side = (w * h).clamp(min=0).sqrt()[..., None]  # (B, M, 1)
+    t = anc_strides
+    low_ok = (side >= t * lo) | (t == t.min())
+    high_ok = (side <= t * hi) | (t == t.max())
+    gated = inside & low_ok & high_ok
+    return torch.where(gated.any(-1, keepdim=True), gated, inside)
+
+
+def keypoint_oks(gt_boxes: torch.Tensor, gt_kpts: torch.Tensor, pd_kpts: torch.Tensor, sigmas: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    """Object keypoint similarity of paired objects and predictions (P pairs): gt_boxes (P, 4), gt_kpts (P, K, 3)
+    (x, y, visibility), pd_kpts (P, K, 2). Keypoints with visibility > 0 count; the mean of
+    ``exp(-d^2 / ((2 sigma)^2 * (area * 0.53 + eps) * 2))`` over them, or 0 when none is visible (the caller keeps the
+    box overlap for those). The predicted keypoints are rounded to float32 first."""
+    vis = gt_kpts[..., 2] > 0
+    w, h = _box_sides(gt_boxes)
+    scale = (w * h)[:, None] * OKS_AREA_SCALE + eps  # (P, 1)
+    d2 = (pd_kpts.float() - gt_kpts[..., :2]).pow(2).sum(-1)
+    e = (-d2 / ((2 * sigmas).pow(2) * scale * 2)).exp() * vis
+    return e.sum(-1) / vis.sum(-1).clamp(min=1)
+
+
+class PoseInputs:
+    """The pose assigner's extra inputs (docs/spec.md, "Pose"): per-anchor strides (A,), predicted keypoints
+    (B, A, K, 2), object keypoints (B, M, K, 3), sigmas (K,) and the level range (lo, hi)."""
+
+    def __init__(self, anc_strides, pd_kpts, gt_kpts, sigmas, level_range=LEVEL_RANGE):
+        self.anc_strides, self.pd_kpts, self.gt_kpts, self.sigmas = anc_strides, pd_kpts, gt_kpts, sigmas
+        self.level_range = tuple(level_range)
+
+    def overlaps(self, b, m, a, gt_bboxes, box_overlap, eps):
+        """Step 2's overlap of the pairs (b, m, a): the OKS, or ``box_overlap`` for objects without visible
+        keypoints."""
+        gk = self.gt_kpts[b, m]
+        oks = keypoint_oks(gt_bboxes[b, m], gk, self.pd_kpts[b, a], self.sigmas, eps)
+        return torch.where((gk[..., 2] > 0).any(-1), oks.to(box_overlap.dtype), box_overlap)
+
+
 def box_metrics(
     pd_scores: torch.Tensor,
     pd_bboxes: torch.Tensor,
@@ -146,15 +205,20 @@ def box_metrics(
     candidates: torch.Tensor,
     alpha: float,
     beta: float,
+    pose: PoseInputs | None = None,
+    eps: float = 1e-9,
 ):
     """Dense (B, M, A) ``align = s^alpha * o^beta`` and overlap ``o`` at candidate pairs, 0 elsewhere (step 2).
 
-    ``candidates`` is the (B, M, A) mask of pairs to evaluate (inside the region and a real object).
+    ``candidates`` is the (B, M, A) mask of pairs to evaluate (inside the region and a real object). With ``pose`` the
+    overlap is the keypoint OKS (``eps`` is the assigner's, inside the OKS scale).
     """
     shape = candidates.shape
     b, m, a = candidates.nonzero(as_tuple=True)
     score = pd_scores[b, a, gt_labels[b, m, 0].long()]
     overlap = pair_overlaps(gt_bboxes[b, m], pd_bboxes[b, a])
+    if pose is not None:
+        overlap = pose.overlaps(b, m, a, gt_bboxes, overlap, eps)
     align = score.pow(alpha) * overlap.pow(beta)
     overlaps = torch.zeros(shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
     align_metric = torch.zeros(shape, dtype=align.dtype, device=pd_scores.device)
@@ -257,8 +321,10 @@ def assign(
     eps: float = 1e-9,
     stride: Sequence[float] = (8, 16, 32),
     topk2: int | None = None,
+    pose: PoseInputs | None = None,
 ):
-    """Task-aligned assignment, HBB (last dim 4) or OBB (last dim 5), exactly as docs/spec.md describes.
+    """Task-aligned assignment, HBB (last dim 4) or OBB (last dim 5), exactly as docs/spec.md describes; with
+    ``pose`` (HBB only) the pose assignment: the level gate in step 1 and the keypoint OKS as the overlap.
 
     Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``. Inputs are not modified.
     """
@@ -271,7 +337,10 @@ def assign(
 
     # Steps 1-3: candidates, metrics, top-k.
     inside = points_in_boxes(anc_points, gt_bboxes, mask_gt, stride_value(stride))
-    align_metric, overlaps = box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside & valid, alpha, beta)
+    if pose is not None:
+        inside = level_gate(inside, gt_bboxes, pose.anc_strides, pose.level_range)
+    align_metric, overlaps = box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside & valid, alpha, beta,
+                                         pose, eps)
     mask_pos = topk_mask(align_metric, topk) & inside & valid
 
     # Steps 4-5: conflicts, then the second top-k over what each row owns.
@@ -291,3 +360,24 @@ def assign(
     norm = align_pos.mul_(best_overlap).div_(best_align + eps).amax(-2)
     target_scores = one_hot * norm[..., None]
     return target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx
+
+
+def assign_pose(
+    pd_scores: torch.Tensor,
+    pd_bboxes: torch.Tensor,
+    anc_points: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_bboxes: torch.Tensor,
+    mask_gt: torch.Tensor,
+    anc_strides: torch.Tensor,
+    pd_kpts: torch.Tensor,
+    gt_kpts: torch.Tensor,
+    sigmas: torch.Tensor,
+    *,
+    level_range=LEVEL_RANGE,
+    **settings,
+):
+    """The pose assignment (docs/spec.md, "Pose"): ``assign`` for x1y1x2y2 boxes with the level gate and the keypoint
+    OKS. ``settings`` are those of ``assign``."""
+    return assign(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+                  pose=PoseInputs(anc_strides, pd_kpts, gt_kpts, sigmas, level_range), **settings)

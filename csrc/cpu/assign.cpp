@@ -7,6 +7,7 @@
 //   second_topk.h     step 5     (K2 != K) each row keeps the K2 best of what it owns -> owner
 //   targets.h         step 6     per row the maxima over what it owns (B*M), then per anchor the outputs
 // Working memory beyond the outputs: O(B*M*K + B*A + B*M) (problem.h), and per-box values (B*M + B*A).
+// assign_pose adds the level gate and the keypoint OKS (keypoints.h), and a float32 copy of non-float32 pd_kpts.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
@@ -23,12 +24,12 @@ namespace lucid {
 namespace cpu {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cpu(
-    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
-    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2, int64_t num_classes,
-    double alpha, double beta, double eps, double stride_val) {
-  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val);
+using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+             const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
+             int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
+             const PoseArgs* pose_args) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const auto box_t = gt_bboxes.scalar_type();
   const auto out = AssignOutputs::make(d, pd_scores.options(), box_t, num_classes, /*zero_scores=*/true);
@@ -46,17 +47,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cp
   const auto anc = anc_points.to(gt_bboxes.scalar_type()).contiguous();
   AT_DISPATCH_FLOATING_TYPES(box_t, "assign_cpu", [&] {
     using T = scalar_t;
+    PoseRows<T> pose;
+    if (pose_args != nullptr) {
+      pose = PoseRows<T>::make(gt, pose_args->anc_strides, pose_args->pd_kpts, pose_args->gt_kpts,
+                               pose_args->sigmas, eps, pose_args->level_lo, pose_args->level_hi);
+    }
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "assign_cpu_scores", [&] {
       using S = scalar_t;
-      const Problem<S, T> P{{scores.data_ptr<S>(), pd.data_ptr<T>(), anc.data_ptr<T>(), gt.data_ptr<T>(),
-                             labels.data_ptr<int64_t>(), valid.data_ptr<bool>(), B, A, C, M, alpha, beta,
-                             static_cast<T>(eps)},
-                            D,
-                            topk,
-                            topk2,
-                            BoxPrep<T>::make(gt),
-                            BoxPrep<T>::make(pd),
-                            Regions<T>::make(gt, valid.data_ptr<bool>(), static_cast<T>(stride_val))};
+      Problem<S, T> P{{scores.data_ptr<S>(), pd.data_ptr<T>(), anc.data_ptr<T>(), gt.data_ptr<T>(),
+                       labels.data_ptr<int64_t>(), valid.data_ptr<bool>(), B, A, C, M, alpha, beta,
+                       static_cast<T>(eps)},
+                      D,
+                      topk,
+                      topk2,
+                      BoxPrep<T>::make(gt),
+                      BoxPrep<T>::make(pd),
+                      Regions<T>::make(gt, valid.data_ptr<bool>(), static_cast<T>(stride_val))};
+      if (pose_args != nullptr) {
+        // step 1's gate applies to a row when an anchor inside its region passes it
+        pose.find_gated(B * M, A, P.valid, [&](int64_t row, int64_t a) {
+          return P.regions.contains(row, P.anc[2 * a], P.anc[2 * a + 1]);
+        });
+        P.pose = &pose;
+      }
       Workspace<T> w(B, A, M, topk);
       candidate_topk(P, w);
       resolve_owners(P, w);
@@ -69,9 +82,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cp
   return out.tuple();
 }
 
+Outputs5 assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                    const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
+                    int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val) {
+  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                       num_classes, stride_val);
+  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
+             eps, stride_val, nullptr);
+}
+
+Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
+                         const at::Tensor& anc_strides, const at::Tensor& pd_kpts, const at::Tensor& gt_kpts,
+                         const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
+                         double beta, double eps, double stride_val, double level_lo, double level_hi) {
+  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                       num_classes, stride_val);
+  const int64_t K =
+      check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
+  const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
+  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
+             eps, stride_val, &pose);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CPU, m) { m.impl("assign", &assign_cpu); }
+TORCH_LIBRARY_IMPL(lucid, CPU, m) {
+  m.impl("assign", &assign_cpu);
+  m.impl("assign_pose", &assign_pose_cpu);
+}
 
 }  // namespace cpu
 }  // namespace lucid

@@ -40,7 +40,7 @@ void candidate_topk(const Problem<S, T>& P, Workspace<T>& w) {
         n = 0;
       };
       for (int64_t a = 0; a < A; ++a) {
-        if (!P.regions.contains(row, P.anc[2 * a], P.anc[2 * a + 1])) continue;  // metric 0, not a candidate
+        if (!P.inside(row, a)) continue;  // metric 0, not a candidate
         pi[n++] = b * A + a;
         if (n == kChunk) flush();
       }

@@ -14,6 +14,7 @@
 
 #include <vector>
 
+#include "cpu/keypoints.h"
 #include "geometry.h"
 
 namespace lucid {
@@ -61,19 +62,25 @@ struct BoxPrep {
 };
 
 // Overlaps of pairs of boxes, clamped below at 0. The sqrt, log and exp of probiou go through ATen in batches, so
-// that every bit matches the reference on the CPU; all other operations are those of geometry.h.
+// that every bit matches the reference on the CPU; all other operations are those of geometry.h. With pose, an
+// object with a visible keypoint has the keypoint OKS instead (keypoints.h).
 template <typename T>
 class OverlapBatch {
  public:
   // gt: (rows, D) with prepared values gp; pd: (boxes, D) with pp.
-  OverlapBatch(const T* gt, const BoxPrep<T>& gp, const T* pd, const BoxPrep<T>& pp, int64_t box_dim)
-      : gt_(gt), gp_(gp), pd_(pd), pp_(pp), d_(box_dim) {}
+  OverlapBatch(const T* gt, const BoxPrep<T>& gp, const T* pd, const BoxPrep<T>& pp, int64_t box_dim,
+               const PoseRows<T>* pose = nullptr)
+      : gt_(gt), gp_(gp), pd_(pd), pp_(pp), d_(box_dim), pose_(pose) {}
 
   // out[k] = overlap(gt row gi[k], prediction pi[k]) for k < n.
   void run(const int64_t* gi, const int64_t* pi, int64_t n, T* out) {
     if (n == 0) return;
     if (d_ == 4) {
       for (int64_t k = 0; k < n; ++k) {
+        if (pose_ != nullptr && pose_->nvis[gi[k]] > 0) {
+          out[k] = pose_->oks(gi[k], pi[k]);
+          continue;
+        }
         const T* g = gt_ + gi[k] * 4;
         const T* p = pd_ + pi[k] * 4;
         out[k] = geom::clamp_min(
@@ -116,6 +123,7 @@ class OverlapBatch {
   const T* pd_;
   const BoxPrep<T>& pp_;
   int64_t d_;
+  const PoseRows<T>* pose_;
   std::vector<T> t12_, det_, arg_, val_;
 };
 

@@ -9,6 +9,7 @@
 
 #include "assign_io.h"
 #include "cpu/containment.h"
+#include "cpu/keypoints.h"
 #include "cpu/overlap_metric.h"
 #include "cpu/row_select.h"
 #include "rules.h"
@@ -21,11 +22,14 @@ struct Problem : AssignInputs<S, T> {
   int64_t D, K, K2;
   BoxPrep<T> gvals, pvals;  // per-box values of the overlaps (step 2)
   Regions<T> regions;       // candidate regions (step 1)
+  const PoseRows<T>* pose = nullptr;  // the pose assignment: the level gate and the keypoint OKS
 
-  // Step 1 for a real object: anchor a lies in the candidate region of `row`.
-  bool candidate(int64_t row, int64_t a) const {
-    return this->valid[row] && regions.contains(row, this->anc[2 * a], this->anc[2 * a + 1]);
+  // Step 1: anchor a lies in the candidate region of `row` (and, for pose, passes the row's level gate).
+  bool inside(int64_t row, int64_t a) const {
+    return regions.contains(row, this->anc[2 * a], this->anc[2 * a + 1]) && (pose == nullptr || pose->gate(row, a));
   }
+  // ... and the row is a real object.
+  bool candidate(int64_t row, int64_t a) const { return this->valid[row] && inside(row, a); }
 
   // Step 2: the metric of a candidate pair from its overlap. pred = b*A + a.
   T align(int64_t row, int64_t pred, T overlap) const {
@@ -33,7 +37,7 @@ struct Problem : AssignInputs<S, T> {
                                      this->beta);
   }
 
-  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D); }
+  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D, pose); }
 };
 
 // What the passes hand on, O(B*M*K + B*A + B*M) in all.

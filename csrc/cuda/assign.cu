@@ -1,14 +1,17 @@
 // torch.ops.lucid.assign on the GPU: the steps of docs/spec.md, bit for bit as the reference on CUDA, without any
 // (B, M, A) tensor and without host synchronisation (CUDA-graph capturable).
 //
-// Design note. Six launches per call (eight with a second top-k), no memset: the host time of a call is mostly its
-// launches. Each launch, its file beside this one, what it reads and what it writes:
+// Design note. Six launches per call (eight with a second top-k; one more for pose), no memset: the host time of a
+// call is mostly its launches. Each launch, its file beside this one, what it reads and what it writes:
 //
 //   prepare_kernel (prepare.cuh, anchor_index.cuh)
 //       block 0: the anchor index, the anchors bucketed by a 64 x 64 grid of cells over their bounding box (A ints,
 //       placed through dynamic shared memory). The other blocks: clear the workspace's counters; per object its
 //       candidate region (step 1, with the side floor) and per object and prediction the values of its overlaps
-//       (step 2): B*M regions + (B*M + B*A) * 3.
+//       (step 2): B*M regions + (B*M + B*A) * 3. For pose also the strides (A) and per object its pose values.
+//   level_gate_kernel (level_gate.cuh), pose only                                              step 1
+//       per object row whether its level gate applies (an anchor inside its region passes it), so that the row
+//       kernels below test the gate with the region.
 //   candidate_topk_{small,medium,large}_rows_kernel (candidate_topk.cuh, block_select.cuh)       steps 1-3
 //       each real object row visits the anchors of the cells under its region, computes overlap and metric of
 //       those inside and selects its top K over all A anchors (zero fill). Rows of at most 64 candidates and 512
@@ -49,6 +52,7 @@
 #include "cuda/candidate_topk.cuh"
 #include "cuda/conflicts.cuh"
 #include "cuda/launch.cuh"
+#include "cuda/level_gate.cuh"
 #include "cuda/prepare.cuh"
 #include "cuda/problem.cuh"
 #include "cuda/second_topk.cuh"
@@ -59,12 +63,12 @@ namespace lucid {
 namespace gpu {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cuda(
-    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
-    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2, int64_t num_classes,
-    double alpha, double beta, double eps, double stride_val) {
-  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val);
+using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+             const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
+             int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
+             const PoseArgs* pose_args) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const c10::cuda::CUDAGuard guard(pd_scores.device());
   TORCH_CHECK(A < std::numeric_limits<int32_t>::max() / 2, "lucid.assign: too many anchors (", A, ")");
@@ -89,17 +93,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   const auto pd = pd_bboxes.contiguous(), anc = anc_points.contiguous();
   TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
               " (the Python API falls back to the reference for other dtypes)");
+  // pose: the keypoints and sigmas (float32, checked) contiguous; the predicted keypoints are read in their dtype
+  at::Tensor gt_kpts, pd_kpts, sigmas, strides;
+  if (pose_args != nullptr) {
+    gt_kpts = pose_args->gt_kpts.contiguous();
+    pd_kpts = pose_args->pd_kpts.contiguous();
+    sigmas = pose_args->sigmas.contiguous();
+    strides = pose_args->anc_strides.contiguous();
+  }
   {
     using T = float;
     // every working buffer is carved from one allocation; the counters, which must start at zero, come first and
     // are cleared by prepare_kernel
     const bool second = topk2 != topk;
+    const bool pose_on = pose_args != nullptr;
     Workspace<T> w;
     Layout probe;
-    w.carve(probe, B, A, M, second, D);
+    w.carve(probe, B, A, M, second, D, pose_on);
     auto workspace = at::empty({probe.size()}, opts.dtype(at::kByte));
     Layout real{workspace.data_ptr<uint8_t>()};
-    w.carve(real, B, A, M, second, D);
+    w.carve(real, B, A, M, second, D, pose_on);
+    PoseView pose{};
+    if (pose_on) {
+      pose = PoseView{true,
+                      static_cast<int>(pose_args->K),
+                      static_cast<float>(pose_args->level_lo),
+                      static_cast<float>(pose_args->level_hi),
+                      strides.scalar_type(),
+                      w.anc_stride,
+                      w.stride_extremes,
+                      w.pose_rows,
+                      gt_kpts.const_data_ptr<float>(),
+                      Float2In{pd_kpts.const_data_ptr(), pd_kpts.scalar_type()},
+                      sigmas.const_data_ptr<float>()};
+    }
     const Regions<T> regions{reinterpret_cast<geom::HbbRegion<T>*>(w.regions),
                              reinterpret_cast<geom::ObbRegion<T>*>(w.regions)};
     // (B, M, k) or (B, M) inputs by their batch, row and last strides (the last is 0 for a 2-d one: k is 0 there)
@@ -117,7 +144,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
                            AnchorsIn{anc.const_data_ptr(), anc.scalar_type()},
                            B * M, B * A, A, static_cast<int>(D), static_cast<T>(stride_val), regions, w.gvals,
                            w.pvals, reinterpret_cast<uint4*>(workspace.data_ptr()), w.zero_words, w.anc,
-                           w.cell_of_anchor, w.axes, w.cell_offsets, w.cell_sorted, 0};
+                           w.cell_of_anchor, w.axes, w.cell_offsets, w.cell_sorted, 0, pose,
+                           pose_on ? strides.const_data_ptr() : nullptr, w.anc_stride, w.stride_extremes,
+                           static_cast<float>(eps)};
     const auto* props = at::cuda::getCurrentDeviceProperties();
     {
       // the anchor index stages the anchors' places in dynamic shared memory, as many as fit
@@ -143,8 +172,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
                       static_cast<int>(D),
                       static_cast<int>(topk),
                       Prep<T>{regions, w.gvals, w.pvals},
-                      pow_wide};
+                      pow_wide,
+                      pose};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
+      if (pose_on) {  // step 1 for pose: which rows the level gate applies to
+        level_gate_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(P, cells);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
       // steps 1-3: the claims, and the per-anchor claim counts
       candidate_topk_small_rows_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(
           P, cells, log, claims, w.medium_rows, w.medium_n);
@@ -207,9 +241,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_cu
   return result.tuple();
 }
 
+Outputs5 assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                     const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
+                     int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val) {
+  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                       num_classes, stride_val);
+  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
+             eps, stride_val, nullptr);
+}
+
+Outputs5 assign_pose_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                          const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
+                          const at::Tensor& anc_strides, const at::Tensor& pd_kpts, const at::Tensor& gt_kpts,
+                          const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
+                          double beta, double eps, double stride_val, double level_lo, double level_hi) {
+  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                       num_classes, stride_val);
+  const int64_t K =
+      check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
+  const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
+  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
+             eps, stride_val, &pose);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CUDA, m) { m.impl("assign", &assign_cuda); }
+TORCH_LIBRARY_IMPL(lucid, CUDA, m) {
+  m.impl("assign", &assign_cuda);
+  m.impl("assign_pose", &assign_pose_cuda);
+}
 
 }  // namespace gpu
 }  // namespace lucid

@@ -72,8 +72,9 @@ __global__ void __launch_bounds__(kThreads)
   bool fits = cells_under(P.prep.regions, row, P.D, cells, range) && anchors_under(cells, range) <= kWarpWalk;
   if (fits) {
     const RegionOf<T> region = P.prep.regions.of(row, P.D);
+    const RowGate gate = P.pose.gate(row);
     walk_cells(
-        cells, range, 0, 1, [&](int32_t a) { return region.contains(P.point(a)); },
+        cells, range, 0, 1, [&](int32_t a) { return region.contains(P.point(a)) && gate.allows(a); },
         [&](int32_t a, bool in) {
           const unsigned m = __ballot_sync(0xffffffffu, in);
           const int slot = n + __popc(m & ((1u << lane) - 1u));
@@ -147,8 +148,10 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : 1)
       // slots)
       const int lane = threadIdx.x % 32;
       const RegionOf<T> region = P.prep.regions.of(row, P.D);
+      const RowGate gate = P.pose.gate(row);
       walk_cells(
-          cells, range, threadIdx.x / 32, blockDim.x / 32, [&](int32_t a) { return region.contains(P.point(a)); },
+          cells, range, threadIdx.x / 32, blockDim.x / 32,
+          [&](int32_t a) { return region.contains(P.point(a)) && gate.allows(a); },
           [&](int32_t a, bool in) {
             const unsigned m = __ballot_sync(0xffffffffu, in);
             int base = 0;
@@ -262,7 +265,8 @@ __global__ void __launch_bounds__(kBigThreads, 1)
     cells_under(P.prep.regions, row, P.D, cells, range);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const RegionOf<T> region = P.prep.regions.of(row, P.D);
-    auto inside = [&](int32_t a) { return region.contains(P.point(a)); };
+    const RowGate gate = P.pose.gate(row);
+    auto inside = [&](int32_t a) { return region.contains(P.point(a)) && gate.allows(a); };
     walk_cells(cells, range, warp, warps, inside, [&](int32_t a, bool in) {
       if (in && use_bits) atomicOr(&bits[a >> 5], 1u << (a & 31));
       const unsigned m = __ballot_sync(0xffffffffu, in);

@@ -1,6 +1,7 @@
 // The first launch of the fused assignment: prepare_kernel. Block 0 builds the anchor index (anchor_index.cuh);
 // the other blocks clear the workspace's counters and prepare every box: per object its candidate region (step 1,
-// containment.cuh) and per object and prediction the values its overlaps need (step 2, overlap_metric.cuh).
+// containment.cuh) and per object and prediction the values its overlaps need (step 2, overlap_metric.cuh). For pose,
+// block 0 also reads the anchors' strides, and each object row gets its pose values (level_gate.cuh).
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/anchor_index.cuh"
+#include "cuda/level_gate.cuh"
 #include "cuda/problem.cuh"
 
 namespace lucid {
@@ -85,6 +87,12 @@ struct PrepArgs {
   int32_t* offsets;
   int32_t* sorted;
   int32_t stage_cap;  // anchors placed through dynamic shared memory (its size: 4 bytes each)
+  // pose (pose.on): the strides as given, where their float32 copy and extremes go, and the eps of the OKS scale
+  PoseView pose;
+  const void* strides_in;
+  float* stride_out;
+  float* extremes_out;
+  float eps;
 };
 
 // Block 0 builds the anchor index while the others clear the counters and prepare every object and prediction box
@@ -96,6 +104,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const PrepArgs<T>
     extern __shared__ int32_t stage[];
     build_anchor_index(p.anc_in, static_cast<int32_t>(p.A), p.anc, p.cell_of_anchor, p.axes, p.offsets, p.sorted,
                        stage, p.stage_cap);
+    if (p.pose.on) prepare_strides(p.strides_in, p.pose.stride_type, p.A, p.stride_out, p.extremes_out);
     return;
   }
   const int64_t i = static_cast<int64_t>(blockIdx.x - 1) * blockDim.x + threadIdx.x;
@@ -105,6 +114,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const PrepArgs<T>
   const bool is_gt = i < p.n_rows;
   prepare_box(p.gt, p.gt_copy, p.rows, p.pd, is_gt, is_gt ? i : i - p.n_rows, p.D, p.stride_val, p.regions, p.gvals,
               p.pvals);
+  if (is_gt && p.pose.on) prepare_pose_row(p.pose, p.gt_copy + i * 4, i, p.eps);
 }
 
 }  // namespace gpu

@@ -8,6 +8,7 @@
 
 #include "assign_io.h"
 #include "cuda/containment.cuh"
+#include "cuda/keypoints.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/overlap_metric.cuh"
 #include "rules.h"
@@ -152,17 +153,21 @@ struct Problem : AssignInputs<S, T> {
   int D, K;  // K2 goes to the second top-k kernels as an argument
   Prep<T> prep;
   bool pow_wide;  // s^alpha as for scores widened to float32 (CUDA autocast, amp.h)
+  PoseView pose;  // the pose assignment: the level gate and the keypoint OKS (pose.on)
 
-  // Step 1: anchor a lies in the candidate region of `row`; candidate: and the row is a real object.
+  // Step 1: anchor a lies in the candidate region of `row` (and passes its level gate, for pose); candidate: and the
+  // row is a real object. The walks of the row kernels test region and gate in registers (RegionOf, RowGate).
   __device__ float2 point(int64_t a) const { return __ldg(reinterpret_cast<const float2*>(this->anc) + a); }
   __device__ bool contains(int64_t row, int64_t a) const {
     const float2 p = point(a);
-    return prep.regions.contains(row, D, p.x, p.y);
+    return prep.regions.contains(row, D, p.x, p.y) && pose.gate(row).allows(a);
   }
   __device__ bool candidate(int64_t row, int64_t a) const { return this->valid[row] && contains(row, a); }
 
-  // Step 2: the overlap of object `row` and prediction p = b*A + a, and the metric of the pair from it.
+  // Step 2: the overlap of object `row` and prediction p = b*A + a (for pose, the OKS when the object has a visible
+  // keypoint), and the metric of the pair from it.
   __device__ T overlap(int64_t row, int64_t p) const {
+    if (pose.on && pose.rows[row].n_visible > 0) return pose.oks(row, p);
     return pair_overlap(this->gt + row * D, prep.gvals + row * kBoxValues, this->pd + p * D,
                         prep.pvals + p * kBoxValues, D);
   }

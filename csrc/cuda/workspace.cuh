@@ -66,8 +66,12 @@ struct Workspace {
   int64_t* owner;
   T* own_align;
   T* own_ov;
+  // pose only (level_gate.cuh)
+  PoseRow* pose_rows;  // (B*M)
+  float* anc_stride;   // (A)
+  float* stride_extremes;  // (2)
 
-  void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D) {
+  void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D, bool pose = false) {
     medium_n = L.take<int32_t>(1);
     medium_next = L.take<int32_t>(1);
     big_n = L.take<int32_t>(1);
@@ -104,6 +108,9 @@ struct Workspace {
     owner = L.take<int64_t>(B * A);
     own_align = L.take<T>(B * A);
     own_ov = L.take<T>(B * A);
+    pose_rows = L.take<PoseRow>(pose ? B * M : 0);
+    anc_stride = L.take<float>(pose ? A : 0);
+    stride_extremes = L.take<float>(pose ? 2 : 0);
   }
 };
 
