@@ -2,8 +2,8 @@
 
 from . import _library, ops, reference  # noqa: F401  (_library: loading the compiled ops on import)
 from ._version import __version__
-from .api import assign, backends
-from .assigner import RotatedTaskAlignedAssigner, TaskAlignedAssigner
+from .api import assign, assign_pose, backends
+from .assigner import PoseTaskAlignedAssigner, RotatedTaskAlignedAssigner, TaskAlignedAssigner
 
-__all__ = ["__version__", "assign", "backends", "ops", "reference", "TaskAlignedAssigner",
-           "RotatedTaskAlignedAssigner"]
+__all__ = ["__version__", "assign", "assign_pose", "backends", "ops", "reference", "TaskAlignedAssigner",
+           "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner"]

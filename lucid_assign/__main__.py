@@ -181,8 +181,9 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     bp = sub.add_parser("bench", help="time the assigners side by side on a built-in DOTA-like batch")
-    bp.add_argument("--kind", choices=("obb", "hbb"), default="obb",
-                    help="obb: 1024 px, 21,504 anchors, 15 classes; hbb: 640 px, 8,400 anchors, 80 classes")
+    bp.add_argument("--kind", choices=("obb", "hbb", "pose"), default="obb",
+                    help="obb: 1024 px, 21,504 anchors, 15 classes; hbb: 640 px, 8,400 anchors, 80 classes; pose: "
+                    "hbb with 17 keypoints per object (people), the pose assigner")
     bp.add_argument("--batch", type=int, default=None, help="images per batch (default 16 on a GPU, 4 on the CPU)")
     bp.add_argument("--objects", type=int, nargs="+", default=None,
                     help="objects per image (one run each; default 50 200)")
@@ -190,7 +191,8 @@ def main(argv=None) -> int:
                     help="a dense scene of many small objects: xview (HBB, batch 128 at 640 px, 60 classes, "
                     "2,500-5,000 objects per image) or dense-obb (OBB, batch 16 at 1024 px, 15 classes, the same "
                     "counts); --batch and --classes still apply")
-    bp.add_argument("--classes", type=int, default=None, help="number of classes (default 15 for obb, 80 for hbb)")
+    bp.add_argument("--classes", type=int, default=None,
+                    help="number of classes (default 15 for obb, 80 for hbb and pose)")
     bp.add_argument("--device", default="auto", help="cpu, cuda or auto")
     bp.add_argument("--backends", default="reference,kernel,peer",
                     help="comma-separated: reference, kernel, peer (the peer needs ultralytics)")

@@ -143,19 +143,152 @@ def assign(
     )
 
 
+def check_pose_inputs(pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_range):
+    """Raise ValueError/TypeError naming the argument when the pose inputs do not fit the box inputs (which
+    check_inputs checked)."""
+    tensors = dict(anc_strides=anc_strides, pd_kpts=pd_kpts, gt_kpts=gt_kpts, sigmas=sigmas)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if gt_bboxes.shape[-1] != 4:
+        raise ValueError(f"the pose assignment takes x1y1x2y2 boxes: gt_bboxes must be (B, M, 4), got "
+                         f"{_shape(gt_bboxes)}")
+    bs, n_anchors = pd_scores.shape[:2]
+    n_boxes = gt_bboxes.shape[1]
+    if gt_kpts.dim() != 4 or _shape(gt_kpts)[:2] != (bs, n_boxes) or gt_kpts.shape[3] != 3:
+        raise ValueError(f"gt_kpts must be (B, M, K, 3) = ({bs}, {n_boxes}, K, 3), got {_shape(gt_kpts)}")
+    n_kpts = gt_kpts.shape[2]
+    if _shape(pd_kpts) != (bs, n_anchors, n_kpts, 2):
+        raise ValueError(f"pd_kpts must have shape {(bs, n_anchors, n_kpts, 2)} (from pd_scores and gt_kpts), got "
+                         f"{_shape(pd_kpts)}")
+    if _shape(sigmas) != (n_kpts,):
+        raise ValueError(f"sigmas must have shape ({n_kpts},) (from gt_kpts), got {_shape(sigmas)}")
+    if _shape(anc_strides) != (n_anchors,):
+        raise ValueError(f"anc_strides must have shape ({n_anchors},) (from pd_scores), got {_shape(anc_strides)}")
+    devices = {t.device for t in tensors.values()} | {pd_scores.device}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+    try:
+        lo, hi = (float(v) for v in level_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"level_range must be two numbers (lo, hi), got {level_range!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"level_range must be two finite numbers, got {level_range!r}")
+
+
+def assign_pose(
+    pd_scores: torch.Tensor,
+    pd_bboxes: torch.Tensor,
+    anc_points: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_bboxes: torch.Tensor,
+    mask_gt: torch.Tensor,
+    anc_strides: torch.Tensor,
+    pd_kpts: torch.Tensor,
+    gt_kpts: torch.Tensor,
+    sigmas: torch.Tensor,
+    *,
+    topk: int = 13,
+    num_classes: int = 80,
+    alpha: float = 1.0,
+    beta: float = 6.0,
+    eps: float = 1e-9,
+    stride: Sequence[float] = (8, 16, 32),
+    topk2: int | None = None,
+    level_range: Sequence[float] = reference.LEVEL_RANGE,
+    backend: str = "auto",
+):
+    """The pose assignment (docs/spec.md, "Pose"): ``assign`` for x1y1x2y2 boxes, with candidates gated by pyramid
+    level and the keypoint OKS as the overlap (the box CIoU for objects without visible keypoints).
+
+    Args:
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt: as for ``assign``, boxes (..., 4).
+        anc_strides: (A,) the stride of each anchor (the peer trainer's stride tensor, flattened).
+        pd_kpts: (B, A, K, 2) predicted keypoints in pixels.
+        gt_kpts: (B, M, K, 3) object keypoints in pixels, x, y and visibility (> 0: visible).
+        sigmas: (K,) per-keypoint OKS sigmas.
+        level_range: (lo, hi): an object of side s (the square root of its box area) is a candidate on the levels of
+            stride t with ``lo * t <= s <= hi * t``; the finest and coarsest levels are open below and above, and an
+            object this leaves without candidates keeps all of them.
+
+    Returns and backends: as ``assign``. The kernels take 0 to 63 keypoints, ``gt_kpts`` and ``sigmas`` of the boxes'
+    dtype and ``anc_strides`` of it or a narrower float type; other inputs run on the reference with ``"auto"``.
+    """
+    pose = (anc_strides, pd_kpts, gt_kpts, sigmas)
+    if torch.compiler.is_compiling():
+        check_inputs(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+            topk=topk, topk2=topk2, num_classes=num_classes, stride=stride, read_values=False,
+        )
+        check_pose_inputs(pd_scores, gt_bboxes, *pose, level_range)
+        choice = _traced_pose_choice(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype,
+                                     anc_points.dtype, gt_bboxes.dtype, _pose_key(*pose))
+        stride_val = reference.stride_value(stride) if choice == "kernel" else None
+    else:
+        stride_val = _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                   num_classes, stride, backend, pose=pose, level_range=level_range)
+    if stride_val is not None:
+        return ops.assign_pose(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *pose, topk=topk, topk2=topk2,
+            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
+            level_range=level_range,
+        )
+    return reference.assign_pose(
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *pose, level_range=level_range,
+        topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
+    )
+
+
+def _pose_key(anc_strides, pd_kpts, gt_kpts, sigmas) -> tuple:
+    """What the kernel's support of the pose inputs depends on."""
+    return anc_strides.dtype, pd_kpts.dtype, gt_kpts.dtype, sigmas.dtype, gt_kpts.shape[2]
+
+
+def pose_unsupported(device, box_dtype, pose_key) -> str | None:
+    """Why the compiled assign_pose cannot take these pose inputs (beyond what kernel_unsupported says of the box
+    inputs), or None when it can."""
+    strides_dtype, pd_kpts_dtype, gt_kpts_dtype, sigmas_dtype, n_kpts = pose_key
+    if not _library.has_kernel("assign_pose", device):
+        return f"the compiled library has no assign_pose kernel for {device} tensors"
+    if n_kpts > MAX_KEYPOINTS:
+        return f"the kernels take at most {MAX_KEYPOINTS} keypoints per object, got {n_kpts}"
+    if gt_kpts_dtype != box_dtype or sigmas_dtype != box_dtype:
+        return (f"the kernel needs gt_kpts and sigmas of the dtype of gt_bboxes ({box_dtype}), got {gt_kpts_dtype} "
+                f"and {sigmas_dtype}")
+    if not _widens_exactly(strides_dtype, box_dtype):
+        return f"the kernel needs anc_strides of the dtype of gt_bboxes or a narrower float type, got {strides_dtype}"
+    return None
+
+
+MAX_KEYPOINTS = 63  # csrc/geometry.h kMaxKeypoints
+
+
 def _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,
-                  backend):
-    """check_inputs and the choice of backend, remembered per signature: the stride value to give the kernel, or
-    None for the reference."""
+                  backend, pose=None, level_range=None):
+    """check_inputs (and check_pose_inputs for the pose tensors ``pose``) and the choice of backend, remembered per
+    signature: the stride value to give the kernel, or None for the reference."""
     key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
-                     stride, backend)
+                     stride, backend, *(pose or ()))
+    if key is not None and pose is not None:
+        try:
+            key += (tuple(level_range),)
+            hash(key)
+        except TypeError:
+            key = None
     stride_val = _kernel_calls.get(key) if key is not None else None
     if stride_val is None:
         check_inputs(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
             topk=topk, topk2=topk2, num_classes=num_classes, stride=stride,
         )
-        if choose_backend(backend, pd_scores, pd_bboxes, anc_points, gt_bboxes) == "kernel":
+        pose_key = None
+        if pose is not None:
+            check_pose_inputs(pd_scores, gt_bboxes, *pose, level_range)
+            pose_key = _pose_key(*pose)
+        if _choose(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
+                   gt_bboxes.dtype, pose_key) == "kernel":
             stride_val = reference.stride_value(stride)
             if key is not None and len(_kernel_calls) < _KERNEL_CALLS_MAX:
                 _kernel_calls[key] = stride_val
@@ -172,11 +305,12 @@ _KERNEL_CALLS_MAX = 256
 
 
 def _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,
-               backend):
-    """What check_inputs and choose_backend depend on, or None when it cannot be hashed (they then run)."""
+               backend, *more):
+    """What check_inputs and choose_backend depend on, or None when it cannot be hashed (they then run). ``more``:
+    further tensors (the pose inputs)."""
     try:
         key = (os.environ.get(ENV_BACKEND), backend, topk, topk2, num_classes, tuple(stride))
-        for t in (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt):
+        for t in (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *more):
             if not isinstance(t, torch.Tensor):
                 return None
             key += (t.shape, t.dtype, t.device)
@@ -248,7 +382,7 @@ def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) ->
                    gt_bboxes.dtype)
 
 
-def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> str:
+def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype, pose_key=None) -> str:
     forced = os.environ.get(ENV_BACKEND)
     if forced:
         if forced not in BACKENDS:
@@ -259,6 +393,8 @@ def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> 
     if backend == "reference":
         return "reference"
     why = _unsupported_for(device, score_dtype, pd_dtype, anchor_dtype, box_dtype)
+    if why is None and pose_key is not None:
+        why = pose_unsupported(device, box_dtype, pose_key)
     if why is None:
         return "kernel"
     if backend == "kernel":
@@ -273,6 +409,7 @@ def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> 
 # torch.compile traces the choice as its result: it reads the environment, the library's registrations and a cache,
 # which the graph does not need to see (they are settled before the first call).
 _traced_choice = torch.compiler.assume_constant_result(_choose)
+_traced_pose_choice = torch.compiler.assume_constant_result(_choose)
 
 
 def backends() -> dict:
@@ -295,4 +432,4 @@ def backends() -> dict:
     }
 
 
-_OPS = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign")
+_OPS = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose")

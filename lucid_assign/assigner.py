@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import api
+from . import api, reference
 from .reference import stride_value
 
 
@@ -67,3 +67,36 @@ class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
     """Task-aligned assigner for oriented boxes ``cx cy w h angle`` (radians), overlap by probabilistic IoU."""
 
     box_dims = (5,)
+
+
+class PoseTaskAlignedAssigner(TaskAlignedAssigner):
+    """Task-aligned assigner for pose (docs/spec.md, "Pose"): axis-aligned boxes ``x1 y1 x2 y2``, candidates gated by
+    pyramid level, and the keypoint OKS as the overlap (the box CIoU for objects without visible keypoints).
+
+    Same constructor and ``forward`` as the peer's ``PoseTaskAlignedAssigner``: ``sigmas`` (K,) first, then the
+    arguments of TaskAlignedAssigner (and ``backend``); ``forward`` takes the per-anchor strides ``anc_strides`` (A,)
+    after ``mask_gt`` and the keypoints as ``pd_kpts`` (B, A, K, 2) and ``gt_kpts`` (B, M, K, 3), in pixels. The class
+    attribute ``level_range`` (lo, hi) is the gate: an object of side s is a candidate on levels of stride t with
+    ``lo * t <= s <= hi * t``.
+    """
+
+    box_dims = (4,)
+    level_range = reference.LEVEL_RANGE
+
+    def __init__(self, sigmas: torch.Tensor, **kwargs):
+        super().__init__(**kwargs)
+        self.sigmas = sigmas
+
+    @torch.no_grad()
+    def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts=None,
+                gt_kpts=None):
+        """Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``."""
+        if pd_kpts is None or gt_kpts is None:
+            raise TypeError(f"{type(self).__name__}.forward needs pd_kpts (B, A, K, 2) and gt_kpts (B, M, K, 3)")
+        if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 and gt_bboxes.shape[-1] not in self.box_dims:
+            raise ValueError(f"{type(self).__name__} takes gt_bboxes (B, M, 4), got {tuple(gt_bboxes.shape)}")
+        return api.assign_pose(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts,
+            self.sigmas, topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
+            stride=self.stride, topk2=self.topk2, level_range=self.level_range, backend=self.backend,
+        )

@@ -1,7 +1,8 @@
 """Benchmark machinery shared by ``lucid-assign bench`` and the pytest-benchmark suite in bench/.
 
-A case is a box kind (HBB at 640 px with 80 classes, or OBB at 1024 px with 15 classes, as in the peer's detect and
-OBB models), a batch size and a number of objects per image, on one device. The scene is DOTA-like
+A case is a kind (HBB at 640 px with 80 classes, OBB at 1024 px with 15 classes, as in the peer's detect and OBB
+models, or pose: HBB at 640 px with 17 keypoints per object, ``pose_batch``), a batch size and a number of objects per
+image, on one device. The scene is DOTA-like
 (``dota_like_batch``) or, with a dense preset, many small objects (``dense_batch``), where a number of objects may be
 a (low, high) range drawn per image. A backend is the reference, the
 compiled kernel, or the peer trainer's assigner (``ultralytics``) when it is installed.
@@ -21,12 +22,14 @@ import time
 import torch
 
 from . import api, ops, reference
-from .synthetic import dense_batch, dota_like_batch
+from .synthetic import dense_batch, dota_like_batch, pose_batch
 
 INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+POSE_INPUTS = ("anc_strides", "pd_kpts", "gt_kpts", "sigmas")
 KINDS = {
     "hbb": dict(img_size=640, num_classes=80, obb=False),  # 8,400 anchors
     "obb": dict(img_size=1024, num_classes=15, obb=True),  # 21,504 anchors
+    "pose": dict(img_size=640, num_classes=80, obb=False),  # 8,400 anchors, 17 keypoints
 }
 # Dense scenes: xView-like (satellite, up to ~5,000 objects an image; the peer's assigner runs out of memory there
 # and falls back to the CPU) and the same density of oriented objects at the OBB size.
@@ -59,6 +62,9 @@ def objects_label(objects) -> str:
 @functools.lru_cache(maxsize=4)
 def _host_scene(kind: str, batch: int, objects, seed: int, classes: int | None = None, dense: bool = False):
     spec = dict(KINDS[kind], num_classes=num_classes_of(kind, classes))
+    if kind == "pose":
+        return pose_batch(batch=batch, objects=objects, seed=seed, img_size=spec["img_size"],
+                          num_classes=spec["num_classes"])
     make = dense_batch if dense else dota_like_batch
     return make(batch=batch, objects=objects, seed=seed, **spec)
 
@@ -74,14 +80,17 @@ def scene(kind: str, batch: int, objects, device="cpu", seed: int = 0, copies: i
     return out
 
 
-def peer_assigner(kind: str, classes: int | None = None):
-    """The peer's assigner for this kind, or None when ultralytics is not installed."""
+def peer_assigner(kind: str, classes: int | None = None, sigmas=None):
+    """The peer's assigner for this kind (pose: with ``sigmas``), or None when ultralytics is not installed."""
     try:
         from ultralytics.utils import tal
     except ImportError:
         return None
+    kw = dict(topk=TOPK, num_classes=num_classes_of(kind, classes), alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    if kind == "pose":
+        return tal.PoseTaskAlignedAssigner(sigmas, **kw)
     cls = tal.RotatedTaskAlignedAssigner if KINDS[kind]["obb"] else tal.TaskAlignedAssigner
-    return cls(topk=TOPK, num_classes=num_classes_of(kind, classes), alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    return cls(**kw)
 
 
 def dense_skip(backend: str, device, batch: int, objects: int, anchors: int) -> str | None:
@@ -104,6 +113,8 @@ def dense_skip(backend: str, device, batch: int, objects: int, anchors: int) -> 
 def assign_runner(backend: str, kind: str, classes: int | None = None):
     """A callable batch -> outputs for ``backend`` ("reference", "kernel", "peer"), or a string saying why not."""
     kw = dict(topk=TOPK, num_classes=num_classes_of(kind, classes), alpha=0.5, beta=6.0, stride=(8, 16, 32))
+    if kind == "pose":
+        return _pose_runner(backend, classes, kw)
     if backend == "peer":
         peer = peer_assigner(kind, classes)
         if peer is None:
@@ -112,6 +123,21 @@ def assign_runner(backend: str, kind: str, classes: int | None = None):
     if backend == "kernel":
         return lambda b: api.assign(*(b[k] for k in INPUTS), backend="kernel", **kw)
     return lambda b: api.assign(*(b[k] for k in INPUTS), backend="reference", **kw)
+
+
+def _pose_runner(backend: str, classes, kw):
+    if backend == "peer":
+        if peer_assigner("pose", classes) is None:
+            return "ultralytics is not installed"
+        peers = {}  # one per sigmas tensor (its device)
+
+        def run_peer(b):
+            peer = peers.get(id(b["sigmas"])) or peers.setdefault(id(b["sigmas"]),
+                                                                   peer_assigner("pose", classes, b["sigmas"]))
+            return peer(*(b[k] for k in INPUTS), b["anc_strides"], pd_kpts=b["pd_kpts"], gt_kpts=b["gt_kpts"])
+
+        return run_peer
+    return lambda b: api.assign_pose(*(b[k] for k in INPUTS + POSE_INPUTS), backend=backend, **kw)
 
 
 def kernel_unavailable(device) -> str | None:

@@ -105,6 +105,34 @@ def assign(
     )
 
 
+def assign_pose(
+    pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts, sigmas, *,
+    topk: int = 13, topk2: int | None = None, num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0,
+    eps: float = 1e-9, stride_val: float = 16.0, level_range=(2.0, 12.0),
+):
+    """The pose assignment, ``torch.ops.lucid.assign_pose`` (docs/spec.md, "Pose"): ``assign`` for x1y1x2y2 boxes
+    with step 1 gated by pyramid level and the keypoint OKS as the overlap.
+
+    Args:
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt: as for ``assign``, boxes (..., 4).
+        anc_strides: (A,) the stride of each anchor, the boxes' dtype or a narrower float type.
+        pd_kpts: (B, A, K, 2) predicted keypoints in pixels, any float dtype (rounded to float32 first).
+        gt_kpts: (B, M, K, 3) object keypoints x, y, visibility, the boxes' dtype; K <= 63.
+        sigmas: (K,) the keypoints' OKS sigmas, the boxes' dtype.
+        level_range: (lo, hi): an object of side s is a candidate on the levels of stride t with lo*t <= s <= hi*t.
+
+    Returns:
+        as ``assign``.
+    """
+    _require("assign_pose")
+    lo, hi = level_range
+    return torch.ops.lucid.assign_pose.default(
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts, sigmas,
+        int(topk), int(topk2 or topk), int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
+        float(lo), float(hi),
+    )
+
+
 if _library.loaded():
 
     @torch.library.register_fake("lucid::points_in_boxes")
@@ -126,6 +154,12 @@ if _library.loaded():
     @torch.library.register_fake("lucid::resolve_conflicts")
     def _resolve_conflicts_fake(mask_pos, overlaps):
         return torch.empty_like(mask_pos, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("lucid::assign_pose")
+    def _assign_pose_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts,
+                          gt_kpts, sigmas, topk, topk2, num_classes, alpha, beta, eps, stride_val, level_lo, level_hi):
+        return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
+                            alpha, beta, eps, stride_val)
 
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,

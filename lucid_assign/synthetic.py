@@ -193,8 +193,8 @@ def pose_batch(batch: int = 16, img_size: int = 640, num_classes: int = 1, objec
 
     Objects are axis-aligned boxes ``x1 y1 x2 y2``, upright (height 1.2-3x the width), heights log-uniform from 6 px to
     most of the image so that every pyramid level and the gate's edges (2 and 12 strides) are reached, and one object
-    in ten a thin box (1-4 px wide) that the level gate would leave without candidates. Each has ``keypoints`` points
-    inside its box; a keypoint is visible (flag 2) with probability 0.7, otherwise it is at (0, 0) with flag 0, and one
+    in ten a thin tall box (6-20 px wide) that the level gate may leave without candidates. Each has ``keypoints``
+    points inside its box; a keypoint is visible (flag 2) with probability 0.7, otherwise it is at (0, 0) with flag 0, and one
     object in ten has none visible. Anchors near an object predict its box and keypoints with jitter (keypoints
     ``pd_kpts`` (B, A, K, 2) in pixels); the others predict points around themselves. ``sigmas`` are COCO's for 17
     keypoints, else 1/K each (as the peer trainer's pose loss)."""
@@ -217,8 +217,9 @@ def pose_batch(batch: int = 16, img_size: int = 640, num_classes: int = 1, objec
     for b, n in enumerate(counts):
         h = torch.exp(math.log(6.0) + rand(n) * math.log(img_size * 0.9 / 6.0))
         w = h / (1.2 + rand(n) * 1.8)
-        thin = rand(n) < 0.1
-        w = torch.where(thin, 1.0 + rand(n) * 3.0, w)
+        thin = rand(n) < 0.1  # 6-20 px wide and tall: often too large for the finest level, too thin for the others
+        w = torch.where(thin, 6.0 + rand(n) * 14.0, w)
+        h = torch.where(thin, torch.maximum(h, 150.0 + rand(n) * img_size * 0.6), h)
         xy = rand(n, 2) * img_size
         boxes = torch.cat((xy, torch.stack((w, h), -1), torch.zeros(n, 1, dtype=torch.float64)), -1)
         cls = (rand(n) * num_classes).long().clamp(max=num_classes - 1)

@@ -1,12 +1,13 @@
-"""Make the peer trainer's (ultralytics) detection and OBB losses use lucid-assign's assigners.
+"""Make the peer trainer's (ultralytics) detection, OBB and pose losses use lucid-assign's assigners.
 
     from lucid_assign.integrations import ultralytics as lucid_ultralytics
     lucid_ultralytics.patch()      # before the trainer builds its loss (the first training step)
 
-What changes: the names ``TaskAlignedAssigner`` and ``RotatedTaskAlignedAssigner`` of ``ultralytics.utils.loss``,
-which ``v8DetectionLoss``, ``v8OBBLoss`` and ``E2ELoss`` (YOLO26: one assignment with top-k 10 and one with top-k 7
-and top-k2 1) instantiate, become ``LucidTaskAlignedAssigner`` and ``LucidRotatedTaskAlignedAssigner``. Losses built
-before ``patch()`` keep the assigner they have. The speed and memory of the assignment change; its results do not.
+What changes: the names ``TaskAlignedAssigner``, ``RotatedTaskAlignedAssigner`` and ``PoseTaskAlignedAssigner`` of
+``ultralytics.utils.loss``, which ``v8DetectionLoss``, ``v8OBBLoss``, ``PoseLoss26`` and ``E2ELoss`` (YOLO26: one
+assignment with top-k 10 and one with top-k 7 and top-k2 1) instantiate, become ``LucidTaskAlignedAssigner``,
+``LucidRotatedTaskAlignedAssigner`` and ``LucidPoseTaskAlignedAssigner``. Losses built before ``patch()`` keep the
+assigner they have. The speed and memory of the assignment change; its results do not.
 
 - Multi-GPU: the peer trains on several GPUs by writing a script that ``torch.distributed.run`` starts once per GPU;
   those processes import the peer afresh. While patched, every such script first patches its own process with the
@@ -22,9 +23,8 @@ before ``patch()`` keep the assigner they have. The speed and memory of the assi
 - ``LUCID_ASSIGN_VERBOSE=1`` prints, per process, when it is patched and what each patched assigner's first call ran
   (evidence that every rank of a multi-GPU run uses the kernel).
 
-Left on the peer's code, on purpose: the pose and segmentation assigners (``PoseTaskAlignedAssigner``,
-``SegTaskAlignedAssigner``), whose overlap is keypoint OKS or mask IoU, not a box overlap; and any call that passes
-such extra inputs to a patched assigner is handed to the peer's class.
+Left on the peer's code, on purpose: the segmentation assigner (``SegTaskAlignedAssigner``), whose overlap is a mask
+IoU; and any call that passes other extra inputs to a patched assigner is handed to the peer's class.
 
 Nothing is imported from ultralytics until ``patch()`` is called; a missing package or a version whose assigner
 interface differs gives a clear error.
@@ -43,11 +43,11 @@ import torch
 
 from .. import _library, api, reference
 from .. import assigner as _ours
-from ..synthetic import check_batch
+from ..synthetic import check_batch, pose_batch
 
 SUPPORTED_VERSIONS = ("8.4.",)  # versions whose assigner interface and loss wiring were checked
 VERIFIED_VERSION = "8.4.190"  # the version the kernels were shown bit-exact against
-_NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner")
+_NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner")
 _EXPECTED_ARGS = ("topk", "num_classes", "alpha", "beta", "stride", "eps", "topk2")
 VERBOSE_ENV = "LUCID_ASSIGN_VERBOSE"
 
@@ -89,10 +89,17 @@ def _peer():
     for name in _NAMES:
         if getattr(loss, name, None) is None:
             raise RuntimeError(f"ultralytics {version}: ultralytics.utils.loss has no {name}; cannot patch")
-        params = inspect.signature(getattr(tal, name).__init__).parameters
-        missing = [p for p in _EXPECTED_ARGS if p not in params]
-        if missing:
-            raise RuntimeError(f"ultralytics {version}: {name}() lacks the arguments {missing}; cannot patch")
+        cls = getattr(tal, name)
+        if name == "PoseTaskAlignedAssigner":  # sigmas, then the base class's arguments; the strides to forward()
+            expected = ("sigmas",)
+            ok = issubclass(cls, tal.TaskAlignedAssigner) and "anc_strides" in inspect.signature(cls.forward).parameters
+        else:
+            expected, ok = _EXPECTED_ARGS, True
+        params = inspect.signature(cls.__init__).parameters
+        missing = [p for p in expected if p not in params]
+        if missing or not ok:
+            raise RuntimeError(f"ultralytics {version}: {name} lacks the arguments {missing or ['anc_strides']}; "
+                               "cannot patch")
     if not callable(getattr(dist, "generate_ddp_file", None)):
         raise RuntimeError(f"ultralytics {version}: ultralytics.utils.dist has no generate_ddp_file; cannot patch "
                            "its multi-GPU launch")
@@ -113,13 +120,17 @@ class _Patched:
         self.__dict__["_peer_assigner"] = None  # not a submodule: it is a fallback, not part of the model
         self.__dict__["_first_call"] = True
 
+    def _peer_args(self) -> tuple:
+        return ()
+
     def peer(self):
         """The peer's own assigner with the same settings (built on first use)."""
         if self._peer_assigner is None:
             cls = (_originals or {}).get(self.peer_name) or getattr(sys.modules["ultralytics.utils.tal"],
                                                                     self.peer_name)
-            self.__dict__["_peer_assigner"] = cls(topk=self.topk, num_classes=self.num_classes, alpha=self.alpha,
-                                                  beta=self.beta, stride=self.stride, eps=self.eps, topk2=self.topk2)
+            self.__dict__["_peer_assigner"] = cls(*self._peer_args(), topk=self.topk, num_classes=self.num_classes,
+                                                  alpha=self.alpha, beta=self.beta, stride=self.stride, eps=self.eps,
+                                                  topk2=self.topk2)
         return self._peer_assigner
 
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
@@ -130,24 +141,30 @@ class _Patched:
             out = self.peer()(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
         else:
             out = super().forward(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+        self._note_first_call(pd_scores, ran)
+        return out
+
+    def _note_first_call(self, pd_scores, ran) -> None:
         if self._first_call:
             self.__dict__["_first_call"] = False
             device = pd_scores.device if isinstance(pd_scores, torch.Tensor) else "?"
             what = f"the peer's own assigner ({ran})" if ran else f"lucid-assign's {self._effective_backend()}"
             _verbose(f"{type(self).__name__}(topk={self.topk}, topk2={self.topk2}) ran {what} on {device}")
-        return out
 
     def _effective_backend(self) -> str:
         backend = os.environ.get(api.ENV_BACKEND) or self.backend
         return "kernel" if backend == "auto" else backend  # "auto" reached here means the kernel could run
 
-    def _fallback_reason(self, pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
-        """Why this call goes to the peer (backend "auto" and the kernel cannot take these tensors), or None."""
+    def _fallback_reason(self, pd_scores, pd_bboxes, anc_points, gt_bboxes, pose=None) -> str | None:
+        """Why this call goes to the peer (backend "auto" and the kernel cannot take these tensors), or None.
+        ``pose``: the pose tensors (anc_strides, pd_kpts, gt_kpts, sigmas)."""
         if (os.environ.get(api.ENV_BACKEND) or self.backend) != "auto":
             return None
-        if not all(isinstance(t, torch.Tensor) for t in (pd_scores, pd_bboxes, anc_points, gt_bboxes)):
+        if not all(isinstance(t, torch.Tensor) for t in (pd_scores, pd_bboxes, anc_points, gt_bboxes, *(pose or ()))):
             return None  # the module's checks name the argument
         why = api.kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes)
+        if why is None and pose is not None and pose[2].dim() == 4:
+            why = api.pose_unsupported(pd_scores.device.type, gt_bboxes.dtype, api._pose_key(*pose))
         if why is not None:
             _say_once(f"lucid-assign: the patched {self.peer_name} cannot run its kernel here ({why}), so these calls "
                       f"go to ultralytics' own assigner, at its speed. Fix: "
@@ -168,8 +185,31 @@ class LucidRotatedTaskAlignedAssigner(_Patched, _ours.RotatedTaskAlignedAssigner
     peer_name = "RotatedTaskAlignedAssigner"
 
 
+class LucidPoseTaskAlignedAssigner(_Patched, _ours.PoseTaskAlignedAssigner):
+    """``ultralytics.utils.loss.PoseTaskAlignedAssigner`` while patched."""
+
+    peer_name = "PoseTaskAlignedAssigner"
+
+    def _peer_args(self) -> tuple:
+        return (self.sigmas,)
+
+    def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, **extra):
+        args = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides)
+        if set(extra) != {"pd_kpts", "gt_kpts"}:  # not the peer's pose loss: the peer's class says what it makes of it
+            return self.peer()(*args, **extra)
+        pose = (anc_strides, extra["pd_kpts"], extra["gt_kpts"], self.sigmas)
+        ran = self._fallback_reason(pd_scores, pd_bboxes, anc_points, gt_bboxes, pose)
+        if ran is not None:
+            out = self.peer()(*args, **extra)
+        else:
+            out = _ours.PoseTaskAlignedAssigner.forward(self, *args, **extra)
+        self._note_first_call(pd_scores, ran)
+        return out
+
+
 _PATCHED = {"TaskAlignedAssigner": LucidTaskAlignedAssigner,
-            "RotatedTaskAlignedAssigner": LucidRotatedTaskAlignedAssigner}
+            "RotatedTaskAlignedAssigner": LucidRotatedTaskAlignedAssigner,
+            "PoseTaskAlignedAssigner": LucidPoseTaskAlignedAssigner}
 
 
 def _say_once(msg: str) -> None:
@@ -210,6 +250,18 @@ def _check_batches():
                                      stride=batch["stride"])
 
 
+def _pose_check_batches():
+    """The built-in pose check batch (synthetic.pose_batch: objects at every level and at the gate's edges, thin
+    objects the gate would starve, invisible keypoints), with the settings of the peer's pose losses."""
+    batch = pose_batch(batch=2, img_size=128, num_classes=5, objects=(6, 16), seed=3)
+    inputs = [batch[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt",
+                                 "anc_strides")]
+    kpts = dict(pd_kpts=batch["pd_kpts"], gt_kpts=batch["gt_kpts"])
+    for topk, topk2 in ((10, None), (7, 1)):
+        kw = dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0, stride=batch["stride"])
+        yield inputs, kpts, batch["sigmas"], kw
+
+
 def self_check(tal=None) -> str | None:
     """Run the peer's assigners (module ``tal``) and lucid-assign's reference on the built-in batches on the CPU,
     ties to the lower index; return None when every output is equal bit for bit, else what differs."""
@@ -218,12 +270,23 @@ def self_check(tal=None) -> str | None:
     names = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
     saved = tal.torch
     tal.torch = _TorchTiesLow()
-    try:
+
+    def pose_runs():
+        for inputs, kpts, sigmas, kw in _pose_check_batches():
+            with torch.no_grad():
+                theirs = tal.PoseTaskAlignedAssigner(sigmas, **kw)(*inputs, **kpts)
+            ours = reference.assign_pose(*inputs, kpts["pd_kpts"], kpts["gt_kpts"], sigmas, **kw)
+            yield "PoseTaskAlignedAssigner", kw, ours, theirs
+
+    def box_runs():
         for name, inputs, kw in _check_batches():
             peer = getattr(tal, name)(**kw)
             with torch.no_grad():
                 theirs = peer(*inputs)
-            ours = reference.assign(*inputs, **kw)
+            yield name, kw, reference.assign(*inputs, **kw), theirs
+
+    try:
+        for name, kw, ours, theirs in (*box_runs(), *pose_runs()):
             for out, a, b in zip(names, ours, theirs):
                 if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
                     return (f"{name}(topk={kw['topk']}, topk2={kw['topk2']}): {out} differs "
@@ -268,7 +331,7 @@ def _rank_patched(generate_ddp_file):
 
 
 def patch(backend: str = "auto") -> None:
-    """Make the peer's detection and OBB losses, in this process and in the ranks of a multi-GPU run it launches,
+    """Make the peer's detection, OBB and pose losses, in this process and in the ranks of a multi-GPU run it launches,
     build lucid-assign's assigners. Calling it again is harmless (the latest ``backend`` applies).
 
     Raises ``PeerMismatchError`` when the installed peer's assigners give other results than lucid-assign's on the
