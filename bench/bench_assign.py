@@ -5,7 +5,8 @@
     python -m pytest bench --benchmark-disable              # smoke test: every case runs once (CI)
 
 Cases: HBB at 640 px (8,400 anchors, 80 classes) and OBB at 1024 px (21,504 anchors, 15 classes); batch 1 and 16;
-10, 50, 200, 1,000 and 2,000 objects per image. Backends: the reference, the compiled kernel, and for ``assign`` the
+10, 50, 200, 1,000 and 2,000 objects per image; and for ``assign`` the pose assignment (HBB at 640 px, 17 keypoints;
+20 and 100 people per image). Backends: the reference, the compiled kernel, and for ``assign`` the
 peer (ultralytics) when installed. On CUDA each timed call synchronises; calls rotate over three copies of the
 inputs so caches do not flatter; the peak memory of one call is in ``extra_info``. Dense backends are skipped (with
 the reason) where their (B, M, A) tensors would not fit: see lucid_assign.bench.DENSE_CPU_LIMIT.
@@ -20,12 +21,13 @@ from lucid_assign import bench as B
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CASES = [(kind, batch, objects) for kind in ("hbb", "obb") for batch in (1, 16) for objects in (10, 50, 200, 1000, 2000)]
+POSE_CASES = [("pose", batch, objects) for batch in (1, 16) for objects in (20, 100)]
 PASSES = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts")
 
 
-def _params(backends, extra=(None,)):
+def _params(backends, extra=(None,), cases=CASES):
     out = []
-    for (kind, batch, objects), device, what, backend in itertools.product(CASES, DEVICES, extra, backends):
+    for (kind, batch, objects), device, what, backend in itertools.product(cases, DEVICES, extra, backends):
         name = f"{kind}-b{batch}-m{objects}-{device}" + (f"-{what}" if what else "") + f"-{backend}"
         out.append(pytest.param(kind, batch, objects, device, what, backend, id=name))
     return out
@@ -44,7 +46,8 @@ def _run(benchmark, fns, device, group):
     benchmark.pedantic(call, rounds=10 if device == "cuda" else 3, warmup_rounds=1, iterations=1)
 
 
-@pytest.mark.parametrize("kind, batch, objects, device, what, backend", _params(("reference", "kernel", "peer")))
+@pytest.mark.parametrize("kind, batch, objects, device, what, backend",
+                         _params(("reference", "kernel", "peer"), cases=CASES + POSE_CASES))
 def test_assign(benchmark, kind, batch, objects, device, what, backend):
     copies = B.scene(kind, batch, objects, device, copies=3)
     anchors = copies[0]["anc_points"].shape[0]

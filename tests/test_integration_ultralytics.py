@@ -32,6 +32,7 @@ def integ(peer_tal):
 
 
 def _batch(step, obb):
+    """obb: True (oriented boxes), False (boxes) or "pose" (boxes and 17 keypoints, some invisible)."""
     g = torch.Generator().manual_seed(100 + step)
     n = [int(torch.randint(1, 5, (1,), generator=g)) for _ in range(2)]
     idx = torch.cat([torch.full((k,), float(b)) for b, k in enumerate(n)])
@@ -39,20 +40,29 @@ def _batch(step, obb):
     xy = 0.15 + 0.7 * torch.rand(total, 2, generator=g)
     wh = 0.03 + 0.3 * torch.rand(total, 2, generator=g)  # some under the stride floor at 64 px
     boxes = torch.cat((xy, wh), 1)
-    if obb:
+    if obb is True:
         boxes = torch.cat((boxes, (torch.rand(total, 1, generator=g) - 0.5) * 3.0), 1)
-    return {"img": torch.rand(2, 3, 64, 64, generator=g), "batch_idx": idx,
-            "cls": torch.randint(0, 3, (total, 1), generator=g).float(), "bboxes": boxes}
+    batch = {"img": torch.rand(2, 3, 64, 64, generator=g), "batch_idx": idx,
+             "cls": torch.randint(0, 3, (total, 1), generator=g).float(), "bboxes": boxes}
+    if obb == "pose":
+        kxy = xy[:, None] + (torch.rand(total, 17, 2, generator=g) - 0.5) * wh[:, None]
+        vis = (torch.rand(total, 17, 1, generator=g) < 0.7).float() * 2
+        vis[0] = 0  # an object without visible keypoints keeps the box overlap
+        batch["keypoints"] = torch.cat((kxy * (vis > 0), vis), -1)
+    return batch
 
 
 def _train(obb, context, steps=3):
     from ultralytics.cfg import get_cfg
-    from ultralytics.nn.tasks import DetectionModel, OBBModel
+    from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel
     from ultralytics.utils import DEFAULT_CFG
 
     torch.manual_seed(0)
-    model = (OBBModel("yolo26n-obb.yaml", nc=3, verbose=False) if obb
-             else DetectionModel("yolo26n.yaml", nc=3, verbose=False))
+    if obb == "pose":
+        model = PoseModel("yolo26n-pose.yaml", nc=3, data_kpt_shape=(17, 3), verbose=False)
+    else:
+        model = (OBBModel("yolo26n-obb.yaml", nc=3, verbose=False) if obb
+                 else DetectionModel("yolo26n.yaml", nc=3, verbose=False))
     model.args = get_cfg(DEFAULT_CFG)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -74,7 +84,7 @@ def _assigners(model):
     return [p.assigner for p in parts]
 
 
-@pytest.mark.parametrize("obb", [False, True], ids=["detect", "obb"])
+@pytest.mark.parametrize("obb", [False, True, "pose"], ids=["detect", "obb", "pose"])
 def test_training_identical_with_and_without_patch(integ, obb):
     base, base_state, base_kinds = _train(obb, lower_index_topk("cpu"))
     ours, ours_state, ours_kinds = _train(obb, integ.patched("reference"))
@@ -85,36 +95,55 @@ def test_training_identical_with_and_without_patch(integ, obb):
         assert torch.equal(base_state[k], ours_state[k]), k
 
 
-@pytest.mark.parametrize("obb", [False, True], ids=["detect", "obb"])
+@pytest.mark.parametrize("obb", [False, True, "pose"], ids=["detect", "obb", "pose"])
 def test_training_with_the_cpu_kernel(library, integ, obb, monkeypatch):
     """Each assignment of three training steps (two per step: YOLO26's one-to-many and one-to-one) against the
     reference on that call's inputs."""
+    from test_pose import assert_kernel_matches
+
     calls = []
-    forward = integ.LucidTaskAlignedAssigner.forward
 
-    def recording(self, *args, **extra):
-        out = forward(self, *args, **extra)
-        calls.append((self, [a.clone() for a in args], [o.clone() for o in out]))
-        return out
+    def recording(forward):
+        def call(self, *args, **extra):
+            out = forward(self, *args, **extra)
+            calls.append((self, [a.clone() for a in args], {k: v.clone() for k, v in extra.items()},
+                          [o.clone() for o in out]))
+            return out
 
-    monkeypatch.setattr(integ.LucidTaskAlignedAssigner, "forward", recording)
-    monkeypatch.setattr(integ.LucidRotatedTaskAlignedAssigner, "forward", recording)
+        return call
+
+    for cls in (integ.LucidTaskAlignedAssigner, integ.LucidRotatedTaskAlignedAssigner,
+                integ.LucidPoseTaskAlignedAssigner):
+        monkeypatch.setattr(cls, "forward", recording(cls.forward))
     _, _, kinds = _train(obb, integ.patched("kernel"))
     assert all(k.startswith("Lucid") for k in kinds)
     assert len(calls) == 6
-    for i, (assigner, inputs, got) in enumerate(calls):
-        want = reference.assign(*inputs, topk=assigner.topk, topk2=assigner.topk2, num_classes=assigner.num_classes,
-                                alpha=assigner.alpha, beta=assigner.beta, eps=assigner.eps, stride=assigner.stride)
-        assert_matches_reference(got, want, exact_scores=False, case=f"call {i} (topk {assigner.topk})")
+    for i, (assigner, inputs, extra, got) in enumerate(calls):
+        kw = dict(topk=assigner.topk, topk2=assigner.topk2, num_classes=assigner.num_classes, alpha=assigner.alpha,
+                  beta=assigner.beta, eps=assigner.eps, stride=assigner.stride)
+        if obb == "pose":
+            assert set(extra) == {"anc_strides", "pd_kpts", "gt_kpts"}  # the pose loss passes them by name
+            want = reference.assign_pose(*inputs, extra["anc_strides"], extra["pd_kpts"], extra["gt_kpts"],
+                                         assigner.sigmas, **kw)
+            assert_kernel_matches(got, want, "cpu", 17, case=f"call {i} (topk {assigner.topk})")
+        else:
+            want = reference.assign(*inputs, **kw)
+            assert_matches_reference(got, want, exact_scores=False, case=f"call {i} (topk {assigner.topk})")
 
 
 def test_patch_unpatch_restore_the_peer(integ):
     from ultralytics.utils import dist, loss
 
-    before = (loss.TaskAlignedAssigner, loss.RotatedTaskAlignedAssigner, dist.generate_ddp_file)
+    before = (loss.TaskAlignedAssigner, loss.RotatedTaskAlignedAssigner, dist.generate_ddp_file,
+              loss.PoseTaskAlignedAssigner)
     integ.patch()
     integ.patch()  # twice is harmless
     assert integ.is_patched() and loss.TaskAlignedAssigner is integ.LucidTaskAlignedAssigner
+    assert loss.PoseTaskAlignedAssigner is integ.LucidPoseTaskAlignedAssigner
+    sigmas = torch.full((17,), 0.05)
+    p = loss.PoseTaskAlignedAssigner(sigmas, topk=7, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32], topk2=1)
+    assert (p.topk, p.topk2, p.sigmas is sigmas, p.backend) == (7, 1, True, "auto")
+    assert p.peer().sigmas is sigmas and type(p.peer()) is before[3]
     assert dist.generate_ddp_file is not before[2] and dist.generate_ddp_file.__wrapped__ is before[2]
     a = loss.RotatedTaskAlignedAssigner(topk=7, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32], topk2=1)
     assert (a.topk, a.topk2, a.stride_val, a.backend) == (7, 1, 16, "auto")
@@ -122,7 +151,8 @@ def test_patch_unpatch_restore_the_peer(integ):
     assert loss.TaskAlignedAssigner(num_classes=3).backend == "reference"
     integ.unpatch()
     integ.unpatch()
-    assert (loss.TaskAlignedAssigner, loss.RotatedTaskAlignedAssigner, dist.generate_ddp_file) == before
+    assert (loss.TaskAlignedAssigner, loss.RotatedTaskAlignedAssigner, dist.generate_ddp_file,
+            loss.PoseTaskAlignedAssigner) == before
     assert not integ.is_patched()
     with integ.patched():
         assert loss.TaskAlignedAssigner is not before[0]
@@ -221,6 +251,37 @@ def test_a_call_the_kernel_cannot_take_goes_to_the_peer_with_a_warning(integ, pe
     strict = loss.RotatedTaskAlignedAssigner(backend="kernel", **kw)
     with pytest.raises(RuntimeError, match="backend='kernel' cannot run"):
         strict(*inputs)
+
+
+def test_patch_refuses_a_peer_whose_pose_gate_differs(integ, peer_tal, monkeypatch):
+    from ultralytics.utils import loss
+
+    monkeypatch.setattr(peer_tal.PoseTaskAlignedAssigner, "level_range", (2.0, 10.0))
+    assert "PoseTaskAlignedAssigner" in (integ.self_check(peer_tal) or "")
+    with pytest.raises(integ.PeerMismatchError):
+        integ.patch()
+    assert loss.PoseTaskAlignedAssigner is peer_tal.PoseTaskAlignedAssigner
+
+
+def test_a_pose_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, library, monkeypatch):
+    """64 keypoints per object: more than the kernels take; the call runs the peer's own pose assigner, said once."""
+    from test_pose import problem
+
+    monkeypatch.setattr(integ, "_said", set())
+    monkeypatch.delenv("LUCID_ASSIGN_BACKEND", raising=False)
+    inputs = problem(20, keypoints=64)
+    integ.patch()
+    from ultralytics.utils import loss
+
+    kw = dict(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    ours = loss.PoseTaskAlignedAssigner(inputs[9], **kw)
+    with pytest.warns(integ.FallbackWarning, match=r"cannot run its kernel here \(.*at most 63"):
+        ours(*inputs[:7], pd_kpts=inputs[7], gt_kpts=inputs[8])
+    with lower_index_topk("cpu"):
+        got = ours(*inputs[:7], pd_kpts=inputs[7], gt_kpts=inputs[8])
+        want = peer_tal.PoseTaskAlignedAssigner(inputs[9], **kw)(*inputs[:7], pd_kpts=inputs[7], gt_kpts=inputs[8])
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
 
 
 def test_without_the_library_patch_says_so_and_kernel_refuses(peer_tal):
