@@ -246,7 +246,7 @@ def pose_batch(batch: int = 16, img_size: int = 640, num_classes: int = 1, objec
             jitter = jitter + randn(n_anchors, keypoints, 2) * size[:, None, None] * 0.1
             around = torch.where(near[:, None, None], jitter, around)
         pd_kpts[b] = around
-    sigmas = torch.tensor(COCO_SIGMAS) if keypoints == 17 else torch.full((keypoints,), 1.0 / keypoints)
+    sigmas = torch.tensor(COCO_SIGMAS) if keypoints == 17 else torch.full((keypoints,), 1.0 / max(keypoints, 1))
     return dict(
         pd_scores=scores.to(device=device, dtype=score_dtype),
         pd_bboxes=pd.to(device=device, dtype=torch.float32),

@@ -120,9 +120,10 @@ def test_kernel_matches_peer_on_cuda(peer_tal, library, setting, objects):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("keypoints", [1, 2, 3, 5, 16, 21, 32, 33, 63])
+@pytest.mark.parametrize("keypoints", [0, 1, 2, 3, 5, 16, 21, 32, 33, 63])
 def test_keypoint_counts(peer_tal, library, device, keypoints):
-    """Every width of the keypoint sum's tree (1 to 32 lanes, with and without a second value per lane)."""
+    """Every width of the keypoint sum's tree (1 to 32 lanes, with and without a second value per lane); no keypoints
+    at all (the box overlap everywhere, with the level gate)."""
     inputs = problem(keypoints, keypoints=keypoints, device=device)
     kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
     want = run_reference(inputs, **kw)
@@ -217,6 +218,11 @@ def odd(case, device):
     elif case == "infinite_keypoint":
         gt_kpts[1, 2, 0, 0] = float("inf")
         gt_kpts[1, 2, 0, 2] = 2.0
+    elif case == "nan_stride":  # the strides' min and max are NaN: no level is open-ended
+        inputs[6] = inputs[6].clone()
+        inputs[6][5] = float("nan")
+    elif case == "single_level":  # the one level is the smallest and the largest: no anchor is gated out
+        inputs[6] = torch.full_like(inputs[6], 8.0)
     else:
         raise AssertionError(case)
     inputs[4], inputs[7], inputs[8] = gt, pd_kpts, gt_kpts
@@ -224,7 +230,7 @@ def odd(case, device):
 
 
 ODD = ["nan_visible_keypoint", "nan_invisible_keypoint", "nan_predicted_keypoint", "nan_visibility",
-       "no_visible_keypoints", "zero_area_box", "negative_area_box", "infinite_keypoint"]
+       "no_visible_keypoints", "zero_area_box", "negative_area_box", "infinite_keypoint", "nan_stride", "single_level"]
 
 
 @pytest.mark.parametrize("device", devices())
