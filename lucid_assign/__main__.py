@@ -163,7 +163,7 @@ def bench(args) -> int:
 
 
 def yolo(args) -> int:
-    """Run the peer's own command line with its detection and OBB losses using lucid-assign's assigners (and every
+    """Run the peer's own command line with its detection, OBB and pose losses using lucid-assign's assigners (and every
     rank of a multi-GPU run it launches)."""
     from .integrations import ultralytics as integ
 
@@ -216,8 +216,8 @@ def main(argv=None) -> int:
     viz.add_parser(sub)
     sub.add_parser("doctor", help="versions, build, backend choice, and a self-check of every backend")
     y = sub.add_parser("yolo", help="the peer's `yolo` command line with lucid-assign's assigners (same arguments)",
-                       description="Runs `yolo ARGS` of the peer trainer (ultralytics) with its detection and OBB "
-                       "losses patched to use lucid-assign's assigners, multi-GPU runs included. Example: "
+                       description="Runs `yolo ARGS` of the peer trainer (ultralytics) with its detection, OBB and "
+                       "pose losses patched to use lucid-assign's assigners, multi-GPU runs included. Example: "
                        "lucid-assign yolo obb train data=DOTAv1.yaml model=yolo26n-obb.yaml device=0,1")
     y.add_argument("--backend", choices=api.BACKENDS, default="auto",
                    help="lucid-assign's backend (default auto: the kernel where it can run, else the peer's own "
