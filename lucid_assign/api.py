@@ -223,8 +223,8 @@ def assign_pose(
             topk=topk, topk2=topk2, num_classes=num_classes, stride=stride, read_values=False,
         )
         check_pose_inputs(pd_scores, gt_bboxes, *pose, level_range)
-        choice = _traced_pose_choice(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype,
-                                     anc_points.dtype, gt_bboxes.dtype, _pose_key(*pose))
+        choice = _traced_choice(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
+                                gt_bboxes.dtype, _pose_key(*pose))
         stride_val = reference.stride_value(stride) if choice == "kernel" else None
     else:
         stride_val = _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
@@ -409,7 +409,6 @@ def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype, pos
 # torch.compile traces the choice as its result: it reads the environment, the library's registrations and a cache,
 # which the graph does not need to see (they are settled before the first call).
 _traced_choice = torch.compiler.assume_constant_result(_choose)
-_traced_pose_choice = torch.compiler.assume_constant_result(_choose)
 
 
 def backends() -> dict:
