@@ -1,13 +1,16 @@
-"""Training-step benchmark of the peer trainer's yolo26n-obb or yolo26n-pose with and without lucid-assign, in one run.
+"""Training-step benchmark of the peer trainer's yolo26n-obb, -pose or -seg with and without lucid-assign, in one run.
 
     python bench/train_step.py                # GPU: OBB, batch 16 at 1024 px, bf16 autocast, 60 and 300 objects
     python bench/train_step.py --dense        # a dense scene: 2,000 and 5,000 small objects (4-60 px) per image
     python bench/train_step.py --task pose    # yolo26n-pose, batch 16 at 640 px, 17 keypoints, 20 and 100 people
+    python bench/train_step.py --task seg     # yolo26n-seg, batch 16 at 640 px, 80 classes, 20 and 100 objects
     python bench/train_step.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3 --warmup 1   # smoke test
 
 The model is built from its YAML (no weights). Each step is a forward pass under bf16 autocast, the loss (YOLO26's
 end-to-end loss: two assignments per step), backward and an SGD step, on synthetic labels: DOTA-like for OBB
-(15 classes), people with COCO's 17 keypoints for pose (synthetic.pose_batch, one class). It reports the median step
+(15 classes), people with COCO's 17 keypoints for pose (synthetic.pose_batch, one class), objects with masks for
+segmentation (synthetic.seg_batch, 80 classes, masks at a quarter of the image size as the peer's loader makes them,
+overlapping objects drawn largest first). It reports the median step
 time, the peak GPU memory of a step, and the assigner's share measured in separate instrumented passes, two ways:
 
 - synchronised: the wall time of each assigner call between two device synchronisations (its host work and its GPU
@@ -36,14 +39,34 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lucid_assign.integrations import ultralytics as integ  # noqa: E402
-from lucid_assign.synthetic import dota_like_batch, pose_batch  # noqa: E402
+from lucid_assign.synthetic import dota_like_batch, pose_batch, seg_batch  # noqa: E402
 
 
 def labels_batch(batch: int, imgsz: int, objects: int, seed: int, device, dense: bool = False,
                  task: str = "obb") -> dict:
     """The peer's training batch: images, and per object its image index, class and normalised xywhr box. dense:
     objects of 4-60 px spread uniformly (synthetic.dense_batch) instead of the DOTA-like scene. task "pose": people
-    with keypoints (synthetic.pose_batch), boxes as normalised xywh and keypoints as normalised x, y, visibility."""
+    with keypoints (synthetic.pose_batch), boxes as normalised xywh and keypoints as normalised x, y, visibility.
+    task "seg": objects with masks (synthetic.seg_batch), boxes as normalised xywh and the masks as the peer's loader
+    gives them by default (overlap_mask): per image one map whose pixel holds 1 + the index of the object drawn there
+    (the larger objects first, so the smaller stay visible), and ``sem_masks``, the class of each pixel."""
+    if task == "seg":
+        s = seg_batch(batch=batch, img_size=imgsz, objects=objects, seed=seed)
+        mask = s["mask_gt"][..., 0].bool()
+        idx = torch.arange(batch)[:, None].expand_as(mask)[mask].float()
+        x1y1, x2y2 = s["gt_bboxes"][mask].split(2, -1)
+        boxes = (torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), -1) / imgsz).clamp(0, 1)
+        maps = torch.zeros(batch, *s["gt_masks"].shape[-2:], dtype=torch.float32)
+        sem = torch.zeros(batch, *s["gt_masks"].shape[-2:], dtype=torch.long)
+        for b, n in enumerate(s["num_objects"]):
+            x1y1, x2y2 = s["gt_bboxes"][b, :n].split(2, -1)
+            for i in (x2y2 - x1y1).prod(-1).argsort(descending=True).tolist():
+                maps[b][s["gt_masks"][b, i]] = i + 1
+                sem[b][s["gt_masks"][b, i]] = int(s["gt_labels"][b, i, 0])
+        g = torch.Generator().manual_seed(seed)
+        return {"img": torch.rand(batch, 3, imgsz, imgsz, generator=g).to(device), "batch_idx": idx.to(device),
+                "cls": s["gt_labels"][mask].to(device), "bboxes": boxes.to(device), "masks": maps.to(device),
+                "sem_masks": sem.to(device)}
     if task == "pose":
         s = pose_batch(batch=batch, img_size=imgsz, objects=objects, seed=seed)
         mask = s["mask_gt"][..., 0].bool()
@@ -74,12 +97,14 @@ def sync(device):
 
 def build(device, task: str = "obb"):
     from ultralytics.cfg import get_cfg
-    from ultralytics.nn.tasks import OBBModel, PoseModel
+    from ultralytics.nn.tasks import OBBModel, PoseModel, SegmentationModel
     from ultralytics.utils import DEFAULT_CFG
 
     torch.manual_seed(0)
     if task == "pose":
         model = PoseModel("yolo26n-pose.yaml", nc=1, data_kpt_shape=(17, 3), verbose=False).to(device)
+    elif task == "seg":
+        model = SegmentationModel("yolo26n-seg.yaml", nc=80, verbose=False).to(device)
     else:
         model = OBBModel("yolo26n-obb.yaml", nc=15, verbose=False).to(device)
     model.args = get_cfg(DEFAULT_CFG)
@@ -242,11 +267,11 @@ class _Timed:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--task", choices=("obb", "pose"), default="obb")
-    p.add_argument("--imgsz", type=int, default=None, help="default 1024 (obb), 640 (pose)")
+    p.add_argument("--task", choices=("obb", "pose", "seg"), default="obb")
+    p.add_argument("--imgsz", type=int, default=None, help="default 1024 (obb), 640 (pose, seg)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--objects", type=int, nargs="+", default=None, help="objects per image (default 60 300; with "
-                   "--dense 2000 5000; pose: 20 100)")
+                   "--dense 2000 5000; pose and seg: 20 100)")
     p.add_argument("--dense", action="store_true", help="a dense scene: small objects (4-60 px) spread uniformly")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
@@ -255,8 +280,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.dense and args.task != "obb":
         p.error("--dense is an OBB scene")
-    args.objects = args.objects or ([2000, 5000] if args.dense else [20, 100] if args.task == "pose" else [60, 300])
-    args.imgsz = args.imgsz or (640 if args.task == "pose" else 1024)
+    args.objects = args.objects or ([2000, 5000] if args.dense else [20, 100] if args.task in ("pose", "seg") else [60, 300])
+    args.imgsz = args.imgsz or (640 if args.task in ("pose", "seg") else 1024)
     print(f"yolo26n-{args.task}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}"
           f"{', dense scene (objects of 4-60 px)' if args.dense else ''}")

@@ -9,6 +9,9 @@ of the top-k are all exercised.
 ``dense_batch`` builds a dense scene (xView, SKU-110K): thousands of small objects per image, spread uniformly.
 
 ``pose_batch`` builds a keypoint scene (people, COCO's 17 keypoints by default): the inputs of the pose assigner.
+
+``seg_batch`` builds a segmentation scene (objects with masks, predicted mask coefficients and prototypes): the inputs
+of the segmentation assigner.
 """
 
 from __future__ import annotations
@@ -258,6 +261,83 @@ def pose_batch(batch: int = 16, img_size: int = 640, num_classes: int = 1, objec
         pd_kpts=pd_kpts.to(device=device, dtype=torch.float32),
         gt_kpts=gt_kpts.to(device=device, dtype=torch.float32),
         sigmas=sigmas.to(device=device, dtype=torch.float32),
+        stride=list(strides),
+        num_objects=counts,
+    )
+
+
+def seg_batch(batch: int = 16, img_size: int = 640, num_classes: int = 80, objects=(20, 20), mask_dim: int = 32,
+              mask_ratio: int = 4, seed: int = 0, score_dtype=torch.float32, mask_dtype=torch.float32, device="cpu",
+              strides=(8, 16, 32)) -> dict:
+    """A seeded segmentation batch: the inputs of the segmentation assigner (``assign_seg``) plus ``stride`` and
+    ``num_objects``.
+
+    Objects are those of ``dota_like_batch`` without angles (clusters of small objects and log-uniform sizes from
+    3 px to ~400 px). Masks are at ``img_size // mask_ratio`` pixels (the prototypes' resolution): an ellipse
+    inscribed in the box, except one object in ten with an empty mask and one in ten filling its whole box (touching
+    the crop border); clusters overlap. Prototypes are smooth random fields; anchors near an object predict
+    coefficients that roughly paint the object's ellipse onto them (with noise), the others random ones, and one
+    anchor in fifty all-zero coefficients (an empty predicted mask)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    lo, hi = (objects, objects) if isinstance(objects, int) else objects
+    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
+    n_max = max(counts) if counts else 0
+    anc = anchor_points(img_size, strides, dtype=torch.float64)
+    strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
+    n_anchors = anc.shape[0]
+    mh = mw = img_size // mask_ratio
+    gt = torch.zeros(batch, n_max, 4, dtype=torch.float64)
+    labels = torch.zeros(batch, n_max, 1)
+    mask = torch.zeros(batch, n_max, 1)
+    gt_masks = torch.zeros(batch, n_max, mh, mw, dtype=torch.bool)
+    pd = torch.zeros(batch, n_anchors, 4, dtype=torch.float64)
+    scores = torch.zeros(batch, n_anchors, num_classes, dtype=torch.float64)
+    # prototypes: random fields smoothed by average pooling (structure at a few mask pixels)
+    proto = torch.nn.functional.avg_pool2d(randn(batch, mask_dim, mh, mw), 5, stride=1, padding=2) * 3
+    coef = randn(batch, n_anchors, mask_dim)
+    ys = (torch.arange(mh, dtype=torch.float64) + 0.5) * mask_ratio
+    xs = (torch.arange(mw, dtype=torch.float64) + 0.5) * mask_ratio
+    for b, n in enumerate(counts):
+        boxes, cls = _objects(g, n, img_size, num_classes, obb=False)
+        pred, sc = _predictions(g, anc, boxes, cls, strides_of, num_classes, obb=False)
+        x1y1, x2y2 = boxes[:, :2] - boxes[:, 2:4] / 2, boxes[:, :2] + boxes[:, 2:4] / 2
+        gt[b, :n] = torch.cat((x1y1, x2y2), -1)
+        labels[b, :n, 0] = cls.float()
+        mask[b, :n] = 1.0
+        pd[b] = torch.cat((pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2), -1)
+        scores[b] = sc
+        kind = rand(n)
+        for i in range(n):
+            dx = (xs[None, :] - boxes[i, 0]) / (boxes[i, 2] / 2)
+            dy = (ys[:, None] - boxes[i, 1]) / (boxes[i, 3] / 2)
+            if kind[i] < 0.1:
+                continue  # an empty mask
+            shape = (dx.abs() <= 1) & (dy.abs() <= 1) if kind[i] < 0.2 else dx * dx + dy * dy <= 1
+            gt_masks[b, i] = shape
+        if n:
+            # anchors near an object: the least-squares coefficients of its mask (+-1) on the prototypes, with noise
+            nearest = torch.cat([torch.cdist(a, boxes[:, :2]).argmin(1) for a in anc.split(2048)])
+            reach = boxes[nearest, 2:4].max(-1).values / 2 + strides_of
+            near = (anc - boxes[nearest, :2]).norm(dim=-1) < reach
+            basis = proto[b].flatten(1).T  # (pixels, mask_dim)
+            target = gt_masks[b, :n].flatten(1).double().T * 2 - 1  # (pixels, n)
+            fit = torch.linalg.lstsq(basis, target).solution.T  # (n, mask_dim)
+            fitted = fit[nearest] * (1 + 0.3 * randn(n_anchors, 1)) + 0.05 * randn(n_anchors, mask_dim)
+            coef[b] = torch.where(near[:, None], fitted, coef[b])
+        coef[b, rand(n_anchors) < 0.02] = 0.0
+    return dict(
+        pd_scores=scores.to(device=device, dtype=score_dtype),
+        pd_bboxes=pd.to(device=device, dtype=torch.float32),
+        anc_points=anc.to(device=device, dtype=torch.float32),
+        gt_labels=labels.to(device),
+        gt_bboxes=gt.to(device=device, dtype=torch.float32),
+        mask_gt=mask.to(device),
+        pd_coef=coef.to(device=device, dtype=mask_dtype),
+        mask_scale=torch.full((batch, 1), mh / img_size, dtype=torch.float32, device=device),
+        proto=proto.to(device=device, dtype=mask_dtype),
+        gt_masks=gt_masks.to(device),
         stride=list(strides),
         num_objects=counts,
     )
