@@ -197,6 +197,80 @@ class PoseInputs:
         return torch.where((gk[..., 2] > 0).any(-1), oks.to(box_overlap.dtype), box_overlap)
 
 
+# Segmentation (docs/spec.md, "Segmentation"): each object's SEG_TOPK_FACTOR * topk best candidate pairs by box
+# metric get a mask IoU; the masks are decoded in chunks of about SEG_CHUNK_PIXELS mask pixels.
+SEG_TOPK_FACTOR = 3
+SEG_CHUNK_PIXELS = 1 << 27
+
+
+class SegInputs:
+    """The segmentation assigner's extra inputs (docs/spec.md, "Segmentation"): mask coefficients (B, A, nm),
+    per-image scales from box units to mask pixels (B, 1), prototypes (B, nm, mh, mw) and object masks
+    (B, >= M, mh, mw), nonzero inside the object; ``topk`` is the assigner's (the rows choose 3 * topk pairs)."""
+
+    def __init__(self, pd_coef, mask_scale, proto, gt_masks, topk):
+        self.pd_coef, self.mask_scale, self.proto, self.gt_masks = pd_coef, mask_scale, proto, gt_masks
+        self.topk = int(topk)
+
+    def overlaps(self, b, m, a, score, box_overlap, pd_bboxes, shape, alpha, beta, eps):
+        """Step 2's overlap of the candidate pairs (b, m, a): ``(box overlap + mask IoU) / 2``, the mask IoU being
+        0 except for each object's ``min(3 * topk, A)`` best pairs by ``s^alpha * box_overlap^beta + eps`` over all A
+        anchors (non-candidates counting 0; ties to the lower anchor)."""
+        box_metric = torch.zeros(shape, dtype=box_overlap.dtype, device=box_overlap.device)
+        box_metric[b, m, a] = score.pow(alpha) * box_overlap.pow(beta) + eps
+        chosen = topk_mask(box_metric, min(SEG_TOPK_FACTOR * self.topk, shape[-1]))[b, m, a].nonzero().squeeze(1)
+        mask_iou = torch.zeros_like(box_overlap)
+        if len(chosen):
+            mask_iou[chosen] = self.mask_ious(b[chosen], m[chosen], a[chosen], pd_bboxes).to(mask_iou.dtype)
+        return (box_overlap + mask_iou) / 2
+
+    def mask_ious(self, b, m, a, pd_bboxes):
+        """IoU of object m's mask with the binarised predicted mask of anchor a, cropped to the predicted box, for
+        the pairs (b, m, a) (as float32 counts: intersection / max(union, 1)).
+
+        The decode is a matrix product whose rounding decides the sign of a pixel, so it is done exactly as the
+        contract lays it out: each image's chosen anchors packed in increasing order into slots, the images by
+        decreasing count (``argsort(descending=True)`` of the per-image counts), and one product
+        ``coef[chunk, :n] @ proto[images].flatten(2)`` per chunk of images, n the chunk's largest count and a chunk
+        holding ``max(1, SEG_CHUNK_PIXELS // (n * mh * mw))`` images."""
+        n_img, n_anchor = pd_bboxes.shape[:2]
+        proto, coef_in = self.proto, self.pd_coef
+        mh, mw = proto.shape[-2:]
+        anchor_key, pair_slot = (b * n_anchor + a).unique(return_inverse=True)  # sorted: by image, then anchor
+        key_img, key_anchor = anchor_key // n_anchor, anchor_key % n_anchor
+        per_image = torch.bincount(key_img, minlength=n_img)
+        slot = torch.arange(len(anchor_key), device=b.device) - (per_image.cumsum(0) - per_image)[key_img]
+        order = per_image.argsort(descending=True)
+        place = order.argsort()[key_img]  # each chosen anchor's image position in `order`
+        counts = per_image[order].tolist()
+        coef = coef_in.new_zeros(n_img, counts[0], coef_in.shape[-1])
+        coef[place, slot] = coef_in[key_img, key_anchor]
+        boxes = pd_bboxes.new_zeros(n_img, counts[0], 4)
+        boxes[place, slot] = pd_bboxes[key_img, key_anchor] * self.mask_scale[key_img]
+        cols = torch.arange(mw, device=b.device, dtype=boxes.dtype)
+        rows = torch.arange(mh, device=b.device, dtype=boxes.dtype)
+        gt_flat = self.gt_masks.flatten(2)
+        ious = torch.zeros(len(b), dtype=torch.float32, device=b.device)
+        pair_place, pair_slot = place[pair_slot], slot[pair_slot]
+        start = 0
+        while start < n_img and counts[start]:
+            n = counts[start]
+            stop = start + max(1, SEG_CHUNK_PIXELS // (n * mh * mw))
+            decoded = (coef[start:stop, :n] @ proto[order[start:stop]].flatten(2)) > 0  # (images, n, mh * mw)
+            pairs = ((pair_place >= start) & (pair_place < stop)).nonzero().squeeze(1)
+            x1, y1, x2, y2 = boxes[pair_place[pairs], pair_slot[pairs]].unbind(-1)
+            in_x = (cols >= x1[:, None]) & (cols < x2[:, None])  # (pairs, mw)
+            in_y = (rows >= y1[:, None]) & (rows < y2[:, None])  # (pairs, mh)
+            pred = decoded[pair_place[pairs] - start, pair_slot[pairs]].view(-1, mh, mw)
+            pred = pred & in_y[:, :, None] & in_x[:, None, :]
+            gt = gt_flat[b[pairs], m[pairs]] != 0
+            inter = (pred.flatten(1) & gt).sum(-1)
+            union = gt.sum(-1).float() + pred.flatten(1).sum(-1) - inter
+            ious[pairs] = inter.float() / union.clamp(min=1)
+            start = stop
+        return ious
+
+
 def box_metrics(
     pd_scores: torch.Tensor,
     pd_bboxes: torch.Tensor,
@@ -207,11 +281,13 @@ def box_metrics(
     beta: float,
     pose: PoseInputs | None = None,
     eps: float = 1e-9,
+    seg: SegInputs | None = None,
 ):
     """Dense (B, M, A) ``align = s^alpha * o^beta`` and overlap ``o`` at candidate pairs, 0 elsewhere (step 2).
 
     ``candidates`` is the (B, M, A) mask of pairs to evaluate (inside the region and a real object). With ``pose`` the
-    overlap is the keypoint OKS (``eps`` is the assigner's, inside the OKS scale).
+    overlap is the keypoint OKS (``eps`` is the assigner's, inside the OKS scale); with ``seg`` the mean of the box
+    overlap and the mask IoU.
     """
     shape = candidates.shape
     b, m, a = candidates.nonzero(as_tuple=True)
@@ -219,6 +295,8 @@ def box_metrics(
     overlap = pair_overlaps(gt_bboxes[b, m], pd_bboxes[b, a])
     if pose is not None:
         overlap = pose.overlaps(b, m, a, gt_bboxes, overlap, eps)
+    if seg is not None:
+        overlap = seg.overlaps(b, m, a, score, overlap, pd_bboxes, shape, alpha, beta, eps)
     align = score.pow(alpha) * overlap.pow(beta)
     overlaps = torch.zeros(shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
     align_metric = torch.zeros(shape, dtype=align.dtype, device=pd_scores.device)
@@ -322,9 +400,11 @@ def assign(
     stride: Sequence[float] = (8, 16, 32),
     topk2: int | None = None,
     pose: PoseInputs | None = None,
+    seg: SegInputs | None = None,
 ):
     """Task-aligned assignment, HBB (last dim 4) or OBB (last dim 5), exactly as docs/spec.md describes; with
-    ``pose`` (HBB only) the pose assignment: the level gate in step 1 and the keypoint OKS as the overlap.
+    ``pose`` (HBB only) the pose assignment: the level gate in step 1 and the keypoint OKS as the overlap; with ``seg``
+    (HBB only) the segmentation assignment: the mean of box overlap and mask IoU as the overlap.
 
     Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``. Inputs are not modified.
     """
@@ -340,7 +420,7 @@ def assign(
     if pose is not None:
         inside = level_gate(inside, gt_bboxes, pose.anc_strides, pose.level_range)
     align_metric, overlaps = box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside & valid, alpha, beta,
-                                         pose, eps)
+                                         pose, eps, seg)
     mask_pos = topk_mask(align_metric, topk) & inside & valid
 
     # Steps 4-5: conflicts, then the second top-k over what each row owns.
@@ -381,3 +461,24 @@ def assign_pose(
     OKS. ``settings`` are those of ``assign``."""
     return assign(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
                   pose=PoseInputs(anc_strides, pd_kpts, gt_kpts, sigmas, level_range), **settings)
+
+
+def assign_seg(
+    pd_scores: torch.Tensor,
+    pd_bboxes: torch.Tensor,
+    anc_points: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_bboxes: torch.Tensor,
+    mask_gt: torch.Tensor,
+    pd_coef: torch.Tensor,
+    mask_scale: torch.Tensor,
+    proto: torch.Tensor,
+    gt_masks: torch.Tensor,
+    *,
+    topk: int = 13,
+    **settings,
+):
+    """The segmentation assignment (docs/spec.md, "Segmentation"): ``assign`` for x1y1x2y2 boxes whose overlap is the
+    mean of the box overlap and the mask IoU. ``settings`` are those of ``assign``."""
+    return assign(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk,
+                  seg=SegInputs(pd_coef, mask_scale, proto, gt_masks, topk), **settings)

@@ -2,7 +2,8 @@
 
 On the CPU, torch.topk breaks ties in an order of its own (CUDA's picks the lower index, which is the rule of
 docs/spec.md). For the CPU comparison the peer therefore runs with torch.topk replaced by a version that breaks ties by
-the lower index (a stable descending sort); the peer's code is otherwise untouched. On CUDA it runs unpatched.
+the lower index (a stable descending sort), both the function and the Tensor method (the segmentation assigner calls
+the method); the peer's code is otherwise untouched. On CUDA it runs unpatched.
 """
 
 import contextlib
@@ -27,12 +28,13 @@ def lower_index_topk(device):
     if device != "cpu":
         yield
         return
-    original = torch.topk
+    original, method = torch.topk, torch.Tensor.topk
     torch.topk = _topk_lower_index
+    torch.Tensor.topk = lambda self, *args, **kwargs: _topk_lower_index(self, *args, **kwargs)
     try:
         yield
     finally:
-        torch.topk = original
+        torch.topk, torch.Tensor.topk = original, method
 
 
 def run_peer(tal, device, inputs, obb, **kw):
