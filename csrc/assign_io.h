@@ -36,6 +36,16 @@ struct PoseArgs {
   double level_lo, level_hi;
 };
 
+// The mask inputs of assign_seg, checked (check_assign_seg_args), that each backend's assign adds to the box inputs;
+// absent (a null pointer) otherwise. k3: the pairs per object that get a mask IoU, min(3 * topk, A).
+struct SegArgs {
+  const at::Tensor& pd_coef;
+  const at::Tensor& mask_scale;
+  const at::Tensor& proto;
+  const at::Tensor& gt_masks;
+  int64_t k3;
+};
+
 struct AssignOutputs {
   at::Tensor labels, boxes, scores, fg, gt_idx;
 

@@ -119,7 +119,7 @@ inline void check_resolve_conflicts_args(const at::Tensor& mask_pos, const at::T
 inline PairDims check_assign_args(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
                                   const at::Tensor& anc_points, const at::Tensor& gt_labels,
                                   const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2,
-                                  int64_t num_classes, double stride_val) {
+                                  int64_t num_classes, double stride_val, double eps) {
   const PairDims d = check_pair_inputs(pd_scores, pd_bboxes, gt_labels, gt_bboxes);
   TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(0) == d.A && anc_points.size(1) == 2,
               "anc_points must be (A, 2) with A = ", d.A, ", got ", anc_points.sizes());
@@ -135,6 +135,8 @@ inline PairDims check_assign_args(const at::Tensor& pd_scores, const at::Tensor&
   TORCH_CHECK(d.M == 0 || (topk <= d.A && topk2 <= d.A), "topk (", topk, ") and topk2 (", topk2,
               ") must not exceed the number of anchors (", d.A, ")");
   TORCH_CHECK(std::isfinite(stride_val) && stride_val > 0, "stride_val must be a positive number, got ", stride_val);
+  // eps > 0 keeps pa + eps of step 6 positive (with eps <= 0 a row owning nothing would make 0 / 0)
+  TORCH_CHECK(std::isfinite(eps) && eps > 0, "eps must be a positive number, got ", eps);
   return d;
 }
 
@@ -170,6 +172,35 @@ inline int64_t check_assign_pose_args(const PairDims& d, const at::Tensor& pd_sc
               level_lo, ", ", level_hi, ")");
   check_one_device(pd_scores, {&anc_strides, &pd_kpts, &gt_kpts, &sigmas});
   return K;
+}
+
+// torch.ops.lucid.assign_seg: the inputs of assign (x1y1x2y2 boxes only) and the mask inputs (docs/spec.md,
+// "Segmentation").
+inline void check_assign_seg_args(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& gt_bboxes,
+                                  const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
+                                  const at::Tensor& gt_masks) {
+  TORCH_CHECK(d.D == 4, "assign_seg takes x1y1x2y2 boxes, (B, M, 4); got gt_bboxes ", gt_bboxes.sizes());
+  TORCH_CHECK(proto.dim() == 4 && proto.size(0) == d.B, "proto must be (B, nm, mh, mw) with B = ", d.B, ", got ",
+              proto.sizes());
+  const int64_t nm = proto.size(1), mh = proto.size(2), mw = proto.size(3);
+  TORCH_CHECK(pd_coef.dim() == 3 && pd_coef.size(0) == d.B && pd_coef.size(1) == d.A && pd_coef.size(2) == nm,
+              "pd_coef must be (B, A, nm) = (", d.B, ", ", d.A, ", ", nm, "), got ", pd_coef.sizes());
+  TORCH_CHECK(c10::isFloatingType(pd_coef.scalar_type()) && c10::isFloatingType(proto.scalar_type()),
+              "pd_coef and proto must be floating-point tensors, got ", pd_coef.scalar_type(), " and ",
+              proto.scalar_type());
+  TORCH_CHECK((mask_scale.dim() == 2 && mask_scale.size(0) == d.B && mask_scale.size(1) == 1) ||
+                  (mask_scale.dim() == 1 && mask_scale.size(0) == d.B),
+              "mask_scale must be (B, 1) = (", d.B, ", 1), got ", mask_scale.sizes());
+  const auto st = mask_scale.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kDouble, "mask_scale must be float32 or float64, got ", st);
+  TORCH_CHECK(gt_masks.dim() == 4 && gt_masks.size(0) == d.B && gt_masks.size(1) >= d.M && gt_masks.size(2) == mh &&
+                  gt_masks.size(3) == mw,
+              "gt_masks must be (B, >= M, mh, mw) = (", d.B, ", >= ", d.M, ", ", mh, ", ", mw,
+              ") (the prototypes' size), got ", gt_masks.sizes());
+  TORCH_CHECK(!gt_masks.is_complex(), "gt_masks must be bool or real, got ", gt_masks.scalar_type());
+  TORCH_CHECK(mh * mw < (int64_t{1} << 24), "proto: at most 2^24 - 1 mask pixels (exact float32 counts), got ", mh,
+              " x ", mw);
+  check_one_device(pd_scores, {&pd_coef, &mask_scale, &proto, &gt_masks});
 }
 
 }  // namespace lucid

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #if defined(__CUDACC__)
 #define LUCID_HD __host__ __device__ __forceinline__
@@ -373,6 +374,34 @@ LUCID_HD T keypoint_sum(int K, Term term) {
 template <typename T>
 LUCID_HD T oks_mean(T sum, int n_visible) {
   return div(sum, T(n_visible));
+}
+
+// ---- segmentation (docs/spec.md, "Segmentation") --------------------------------------------------------------
+// The pixels [first, end) of a row (or column) of n mask pixels that a crop from lo to hi keeps: pixel i is kept
+// when float(i) >= lo and float(i) < hi, the comparisons of the reference (exact for n < 2^24). NaN keeps none.
+struct PixelRange {
+  int first, end;
+};
+template <typename T>
+LUCID_HD PixelRange crop_range(T lo, T hi, int n) {
+  auto first_at_least = [n](T v) -> int {  // the first i with float(i) >= v
+    if (!(v > T(0))) return v == v ? 0 : n;
+    if (v >= static_cast<T>(n)) return n;
+    return static_cast<int>(std::ceil(v));
+  };
+  const int first = first_at_least(lo);
+  int end = hi > T(0) ? first_at_least(hi) : 0;  // the first i with float(i) >= hi (NaN: none kept)
+  if (end < first) end = first;
+  return {first, end};
+}
+
+// The mask IoU from pixel counts, in float32 as the reference: intersection / max(gt + pred - intersection, 1),
+// each count exact in float32 (fewer than 2^24 pixels).
+LUCID_HD float mask_iou(int64_t inter, int64_t gt_count, int64_t pred_count) {
+  const float i = static_cast<float>(inter);
+  float u = sub(add(static_cast<float>(gt_count), static_cast<float>(pred_count)), i);
+  if (u < 1.0f) u = 1.0f;
+  return div(i, u);
 }
 
 }  // namespace geom

@@ -2,6 +2,7 @@
 // Backends register implementations in cpu/*.cpp (CPU) and cuda/*.cu (CUDA), one file per op; fake (meta) kernels
 // live in lucid_assign/ops.py next to the Python wrappers that document each op. Steps are those of docs/spec.md.
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -44,6 +45,17 @@ TORCH_LIBRARY(lucid, m) {
       "Tensor mask_gt, Tensor anc_strides, Tensor pd_kpts, Tensor gt_kpts, Tensor sigmas, int topk, int topk2, "
       "int num_classes, float alpha, float beta, float eps, float stride_val, float level_lo, float level_hi) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // The segmentation assignment (docs/spec.md, "Segmentation"): assign for x1y1x2y2 boxes whose step 2 overlap is the
+  // mean of the box overlap and the IoU of the object's mask (gt_masks (B, >= M, mh, mw), nonzero inside) with the
+  // anchor's predicted mask (pd_coef (B, A, nm) times proto (B, nm, mh, mw), > 0, cropped to the predicted box scaled
+  // by mask_scale (B, 1)), for each object's min(3 * topk, A) best pairs by box metric; 0 for the others. It
+  // synchronises once with the device (the decode's shapes depend on the pairs chosen).
+  m.def(
+      "assign_seg(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
+      "Tensor mask_gt, Tensor pd_coef, Tensor mask_scale, Tensor proto, Tensor gt_masks, int topk, int topk2, "
+      "int num_classes, float alpha, float beta, float eps, float stride_val) -> (Tensor, Tensor, Tensor, Tensor, "
+      "Tensor)");
 }
 
 // The assignment produces targets, not something to differentiate: the outputs are constants. A fallthrough at the
@@ -51,7 +63,7 @@ TORCH_LIBRARY(lucid, m) {
 // outputs do not require grad.
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op :
-       {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose"}) {
+       {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose", "assign_seg"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }
@@ -60,7 +72,8 @@ TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
 // box_metrics) see float16/bfloat16 scores as widened exactly, so that every backend computes what the reference
 // computes in the same context. box_metrics is given widened scores; assign and assign_pose are forwarded with the
 // flag of amp.h, which their CUDA kernel reads (the same values, without a float32 copy of the scores). CPU autocast
-// leaves pow in the input dtype and needs nothing.
+// leaves pow in the input dtype and needs nothing. assign_seg is also forwarded with autocast's matmul dtype (amp.h),
+// which the decode of its masks applies as autocast would.
 namespace {
 
 bool narrow_cuda_scores(const at::Tensor& s) {
@@ -104,6 +117,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_po
                  sigmas, topk, topk2, num_classes, alpha, beta, eps, stride_val, level_lo, level_hi);
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_seg_autocast(
+    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
+    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, const at::Tensor& pd_coef, const at::Tensor& mask_scale,
+    const at::Tensor& proto, const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes,
+    double alpha, double beta, double eps, double stride_val) {
+  const auto matmul_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("lucid::assign_seg", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double, double,
+                                 double, double)>();
+  const lucid::ScoresPowInFloat32 flag(narrow_cuda_scores(pd_scores));
+  const lucid::AutocastMatmulDtype matmul(matmul_dtype);
+  return op.call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
+                 topk, topk2, num_classes, alpha, beta, eps, stride_val);
+}
+
 std::tuple<at::Tensor, at::Tensor> box_metrics_autocast(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
                                                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
                                                         const at::Tensor& candidates, double alpha, double beta) {
@@ -121,6 +154,7 @@ std::tuple<at::Tensor, at::Tensor> box_metrics_autocast(const at::Tensor& pd_sco
 TORCH_LIBRARY_IMPL(lucid, AutocastCUDA, m) {
   m.impl("assign", &assign_autocast);
   m.impl("assign_pose", &assign_pose_autocast);
+  m.impl("assign_seg", &assign_seg_autocast);
   m.impl("box_metrics", &box_metrics_autocast);
   for (const char* op : {"points_in_boxes", "pair_overlaps", "resolve_conflicts"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());

@@ -8,9 +8,12 @@
 //   targets.h         step 6     per row the maxima over what it owns (B*M), then per anchor the outputs
 // Working memory beyond the outputs: O(B*M*K + B*A + B*M) (problem.h), and per-box values (B*M + B*A).
 // assign_pose adds the level gate and the keypoint OKS (keypoints.h), and a float32 copy of non-float32 pd_kpts.
+// assign_seg adds, before them, the choice of the pairs that get a mask IoU and those IoUs (seg_masks.h).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/library.h>
+
+#include <algorithm>
 
 #include "assign_io.h"
 #include "checks.h"
@@ -29,7 +32,7 @@ using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::
 Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
              const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
              int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
-             const PoseArgs* pose_args) {
+             const PoseArgs* pose_args, const SegArgs* seg_args) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const auto box_t = gt_bboxes.scalar_type();
   const auto out = AssignOutputs::make(d, pd_scores.options(), box_t, num_classes, /*zero_scores=*/true);
@@ -70,6 +73,18 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
         });
         P.pose = &pose;
       }
+      SegRows<T> seg;
+      if (seg_args != nullptr) {  // step 2 for segmentation: the chosen pairs and their mask IoUs
+        seg.M = M;
+        seg.A = A;
+        seg.K3 = seg_args->k3;
+        seg.n.assign(B * M, 0);
+        seg.anchors.assign(B * M * seg.K3, 0);
+        seg.iou.assign(B * M * seg.K3, T(0));
+        choose_mask_pairs(P, seg);
+        count_mask_ious(seg, *seg_args, P.pd, B);
+        P.seg = &seg;
+      }
       Workspace<T> w(B, A, M, topk);
       candidate_topk(P, w);
       resolve_owners(P, w);
@@ -86,9 +101,9 @@ Outputs5 assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, co
                     const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
                     int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val);
+                                       num_classes, stride_val, eps);
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, nullptr);
+             eps, stride_val, nullptr, nullptr);
 }
 
 Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
@@ -97,12 +112,25 @@ Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
                          const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
                          double beta, double eps, double stride_val, double level_lo, double level_hi) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val);
+                                       num_classes, stride_val, eps);
   const int64_t K =
       check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
   const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, &pose);
+             eps, stride_val, &pose, nullptr);
+}
+
+Outputs5 assign_seg_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                        const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
+                        const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
+                        const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
+                        double beta, double eps, double stride_val) {
+  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                       num_classes, stride_val, eps);
+  check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
+  const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A)};
+  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
+             eps, stride_val, nullptr, &seg);
 }
 
 }  // namespace
@@ -110,6 +138,7 @@ Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
 TORCH_LIBRARY_IMPL(lucid, CPU, m) {
   m.impl("assign", &assign_cpu);
   m.impl("assign_pose", &assign_pose_cpu);
+  m.impl("assign_seg", &assign_seg_cpu);
 }
 
 }  // namespace cpu

@@ -15,28 +15,26 @@
 namespace lucid {
 namespace cpu {
 
-template <typename S, typename T>
-void candidate_topk(const Problem<S, T>& P, Workspace<T>& w) {
-  const int64_t A = P.A, M = P.M, K = P.K;
+// The row scan of steps 1-3: every real row's candidates in anchor order, their overlaps in batches (from `batch`,
+// made per thread), their entries from make(row, b, pred, overlap), and the row's top k over all A anchors handed to
+// done(row, top).
+template <typename S, typename T, typename Batch, typename Make, typename Done>
+void scan_rows(const Problem<S, T>& P, Batch batch_of, int64_t k, Make make, Done done) {
+  const int64_t A = P.A, M = P.M;
   constexpr int64_t kChunk = 256;  // candidate pairs evaluated per batch
   at::parallel_for(0, P.B * M, 1, [&](int64_t begin, int64_t end) {
-    auto batch = P.overlap_batch();
+    auto batch = batch_of();
     std::vector<int64_t> gi(kChunk), pi(kChunk);
     std::vector<T> ov(kChunk);
     for (int64_t row = begin; row < end; ++row) {
       if (!P.valid[row]) continue;
       const int64_t b = row / M;
-      RowTopK<T> top(K);
+      RowTopK<T> top(k);
       std::fill(gi.begin(), gi.end(), row);
       int64_t n = 0;
       auto flush = [&] {
         batch.run(gi.data(), pi.data(), n, ov.data());
-        for (int64_t k = 0; k < n; ++k) {
-          const Entry<T> e{P.align(row, pi[k], ov[k]), ov[k], pi[k] - b * A};
-          w.nan_seen[row] |= geom::isnan_(e.align) || geom::isnan_(e.overlap);
-          w.inf_cand[row] += std::isinf(e.align);
-          top.offer(e);
-        }
+        for (int64_t j = 0; j < n; ++j) top.offer(make(row, b, pi[j], ov[j]));
         n = 0;
       };
       for (int64_t a = 0; a < A; ++a) {
@@ -45,12 +43,47 @@ void candidate_topk(const Problem<S, T>& P, Workspace<T>& w) {
         if (n == kChunk) flush();
       }
       flush();
-      Entry<T>* out = w.claims.data() + row * K;
-      int64_t taken = 0;
-      top.chosen(A, [&](const Entry<T>& e) { out[taken++] = e; });
-      w.claim_n[row] = taken;
+      done(row, top);
     }
   });
+}
+
+template <typename S, typename T>
+void candidate_topk(const Problem<S, T>& P, Workspace<T>& w) {
+  const int64_t A = P.A, K = P.K;
+  scan_rows(
+      P, [&] { return P.overlap_batch(); }, K,
+      [&](int64_t row, int64_t b, int64_t pred, T overlap) {
+        const Entry<T> e{P.align(row, pred, overlap), overlap, pred - b * A};
+        w.nan_seen[row] |= geom::isnan_(e.align) || geom::isnan_(e.overlap);
+        w.inf_cand[row] += std::isinf(e.align);
+        return e;
+      },
+      [&](int64_t row, RowTopK<T>& top) {
+        Entry<T>* out = w.claims.data() + row * K;
+        int64_t taken = 0;
+        top.chosen(A, [&](const Entry<T>& e) { out[taken++] = e; });
+        w.claim_n[row] = taken;
+      });
+}
+
+// Segmentation, step 2 (docs/spec.md, "Segmentation"): each real row's min(3K, A) best pairs by box metric plus eps
+// (the same top-k over all A anchors), into seg.n and seg.anchors (increasing).
+template <typename S, typename T>
+void choose_mask_pairs(const Problem<S, T>& P, SegRows<T>& seg) {
+  const int64_t A = P.A;
+  scan_rows(
+      P, [&] { return P.box_overlap_batch(); }, seg.K3,
+      [&](int64_t row, int64_t b, int64_t pred, T overlap) {
+        return Entry<T>{geom::add(P.align(row, pred, overlap), P.eps), overlap, pred - b * A};
+      },
+      [&](int64_t row, RowTopK<T>& top) {
+        int64_t* out = seg.anchors.data() + row * seg.K3;
+        int64_t taken = 0;
+        top.chosen(A, [&](const Entry<T>& e) { out[taken++] = e.anchor; });
+        std::sort(out, out + taken);
+        seg.n[row] = taken;
+      });
 }
 
 }  // namespace cpu

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/keypoints.h"
+#include "cpu/seg_masks.h"
 #include "geometry.h"
 
 namespace lucid {
@@ -63,14 +64,15 @@ struct BoxPrep {
 
 // Overlaps of pairs of boxes, clamped below at 0. The sqrt, log and exp of probiou go through ATen in batches, so
 // that every bit matches the reference on the CPU; all other operations are those of geometry.h. With pose, an
-// object with a visible keypoint has the keypoint OKS instead (keypoints.h).
+// object with a visible keypoint has the keypoint OKS instead (keypoints.h); with segmentation the overlap is the
+// mean of the box overlap and the pair's mask IoU (seg_masks.h).
 template <typename T>
 class OverlapBatch {
  public:
   // gt: (rows, D) with prepared values gp; pd: (boxes, D) with pp.
   OverlapBatch(const T* gt, const BoxPrep<T>& gp, const T* pd, const BoxPrep<T>& pp, int64_t box_dim,
-               const PoseRows<T>* pose = nullptr)
-      : gt_(gt), gp_(gp), pd_(pd), pp_(pp), d_(box_dim), pose_(pose) {}
+               const PoseRows<T>* pose = nullptr, const SegRows<T>* seg = nullptr)
+      : gt_(gt), gp_(gp), pd_(pd), pp_(pp), d_(box_dim), pose_(pose), seg_(seg) {}
 
   // out[k] = overlap(gt row gi[k], prediction pi[k]) for k < n.
   void run(const int64_t* gi, const int64_t* pi, int64_t n, T* out) {
@@ -85,6 +87,10 @@ class OverlapBatch {
         const T* p = pd_ + pi[k] * 4;
         out[k] = geom::clamp_min(
             geom::ciou<T>(g[0], g[1], g[2], g[3], p[0], p[1], p[2], p[3], gp_.data[gi[k]], pp_.data[pi[k]]), T(0));
+        if (seg_ != nullptr) {
+          const int64_t a = pi[k] - (gi[k] / seg_->M) * seg_->A;
+          out[k] = geom::div(geom::add(out[k], seg_->mask_iou(gi[k], a)), T(2));
+        }
       }
       return;
     }
@@ -124,6 +130,7 @@ class OverlapBatch {
   const BoxPrep<T>& pp_;
   int64_t d_;
   const PoseRows<T>* pose_;
+  const SegRows<T>* seg_;
   std::vector<T> t12_, det_, arg_, val_;
 };
 

@@ -12,6 +12,7 @@
 #include "cpu/keypoints.h"
 #include "cpu/overlap_metric.h"
 #include "cpu/row_select.h"
+#include "cpu/seg_masks.h"
 #include "rules.h"
 
 namespace lucid {
@@ -23,6 +24,7 @@ struct Problem : AssignInputs<S, T> {
   BoxPrep<T> gvals, pvals;  // per-box values of the overlaps (step 2)
   Regions<T> regions;       // candidate regions (step 1)
   const PoseRows<T>* pose = nullptr;  // the pose assignment: the level gate and the keypoint OKS
+  const SegRows<T>* seg = nullptr;    // the segmentation assignment: the chosen pairs' mask IoUs
 
   // Step 1: anchor a lies in the candidate region of `row` (and, for pose, passes the row's level gate).
   bool inside(int64_t row, int64_t a) const {
@@ -37,7 +39,9 @@ struct Problem : AssignInputs<S, T> {
                                      this->beta);
   }
 
-  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D, pose); }
+  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D, pose, seg); }
+  // the box overlaps alone (segmentation: the pairs' choice)
+  OverlapBatch<T> box_overlap_batch() const { return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D); }
 };
 
 // What the passes hand on, O(B*M*K + B*A + B*M) in all.

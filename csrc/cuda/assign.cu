@@ -56,8 +56,10 @@
 #include "cuda/prepare.cuh"
 #include "cuda/problem.cuh"
 #include "cuda/second_topk.cuh"
+#include "cuda/seg_masks.cuh"
 #include "cuda/targets.cuh"
 #include "cuda/workspace.cuh"
+#include "mask_decode.h"
 
 namespace lucid {
 namespace gpu {
@@ -65,10 +67,60 @@ namespace {
 
 using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// Segmentation, after the choice (seg_masks.cuh): the slots of the chosen anchors, the rows' sorted lists, the decode
+// (mask_decode.h: the one synchronisation) and the chosen pairs' mask IoUs, as step 2's overlap reads them.
+template <typename S, typename T>
+SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& choices, const Workspace<T>& w,
+                  const at::TensorOptions& opts, cudaStream_t stream) {
+  const int64_t B = P.B, A = P.A, M = P.M;
+  const int k3 = choices.k3;
+  auto per_image = at::empty({B}, opts.dtype(at::kLong));
+  chosen_slots_kernel<<<static_cast<unsigned>(B), kSlotThreads, 0, stream>>>(w.seg_chosen, A, w.seg_slot,
+                                                                            w.seg_anchor_of,
+                                                                            per_image.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  sort_choices_kernel<<<blocks_for(B * M * 32), kThreads, 0, stream>>>(w.seg_n, w.seg_anchors, w.seg_sorted, B * M,
+                                                                       k3);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto gt = seg.gt_masks.scalar_type() == at::kBool ? seg.gt_masks : seg.gt_masks.ne(0);
+  const int mh = static_cast<int>(seg.proto.size(2)), mw = static_cast<int>(seg.proto.size(3));
+  auto gt_count = at::empty({B * M}, opts.dtype(at::kLong));
+  mask_pixels_kernel<<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
+      gt.const_data_ptr<bool>(), gt.stride(0), gt.stride(1), gt.stride(2), gt.stride(3), mh, mw, w.seg_n, M,
+      gt_count.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto scale = seg.mask_scale.reshape({B});
+  const MaskCountArgs args{w.seg_n, w.seg_sorted, w.seg_slot, P.pd, scale.const_data_ptr(), scale.stride(0),
+                           scale.scalar_type() == at::kDouble, gt.const_data_ptr<bool>(), gt.stride(0), gt.stride(1),
+                           gt.stride(2), gt.stride(3), gt_count.const_data_ptr<int64_t>(), w.seg_iou, A, M, k3, mh,
+                           mw};
+  auto pack = [&](at::Tensor& coef, const at::Tensor& order) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, coef.scalar_type(), "seg_pack", [&] {
+      const auto& in = seg.pd_coef;
+      pack_coef_kernel<scalar_t><<<blocks_for(coef.numel()), kThreads, 0, stream>>>(
+          in.const_data_ptr<scalar_t>(), in.stride(0), in.stride(1), in.stride(2), w.seg_anchor_of,
+          per_image.const_data_ptr<int64_t>(), order.const_data_ptr<int64_t>(), B, A, coef.size(1), coef.size(2),
+          coef.data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  };
+  auto count = [&](const at::Tensor& decoded_in, int64_t start, int64_t stop, const at::Tensor& order) {
+    const auto decoded = decoded_in.contiguous();
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, decoded.scalar_type(), "seg_count", [&] {
+      count_masks_kernel<scalar_t><<<blocks_for((stop - start) * M * k3 * kCountThreads, kCountThreads),
+                                     kCountThreads, 0, stream>>>(decoded.const_data_ptr<scalar_t>(), decoded.size(1),
+                                                                 start, order.const_data_ptr<int64_t>(), args);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  };
+  decode_chosen_masks(seg, per_image, pack, count);
+  return SegView{true, k3, w.seg_n, w.seg_sorted, w.seg_iou};
+}
+
 Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
              const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
              int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
-             const PoseArgs* pose_args) {
+             const PoseArgs* pose_args, const SegArgs* seg_args) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const c10::cuda::CUDAGuard guard(pd_scores.device());
   TORCH_CHECK(A < std::numeric_limits<int32_t>::max() / 2, "lucid.assign: too many anchors (", A, ")");
@@ -107,12 +159,13 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
     // are cleared by prepare_kernel
     const bool second = topk2 != topk;
     const bool pose_on = pose_args != nullptr;
+    const int64_t k3 = seg_args != nullptr ? seg_args->k3 : 0;
     Workspace<T> w;
     Layout probe;
-    w.carve(probe, B, A, M, second, D, pose_on);
+    w.carve(probe, B, A, M, second, D, pose_on, k3);
     auto workspace = at::empty({probe.size()}, opts.dtype(at::kByte));
     Layout real{workspace.data_ptr<uint8_t>()};
-    w.carve(real, B, A, M, second, D, pose_on);
+    w.carve(real, B, A, M, second, D, pose_on, k3);
     PoseView pose{};
     if (pose_on) {
       pose = PoseView{true,
@@ -173,42 +226,54 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
                       static_cast<int>(topk),
                       Prep<T>{regions, w.gvals, w.pvals},
                       pow_wide,
-                      pose};
+                      pose,
+                      SegView{}};
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       if (pose_on) {  // step 1 for pose: which rows the level gate applies to
         level_gate_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(P, cells);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-      // steps 1-3: the claims, and the per-anchor claim counts
-      candidate_topk_small_rows_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(
-          P, cells, log, claims, w.medium_rows, w.medium_n);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      {
-        // few object rows: a larger block per medium row (its latency is the kernel's time)
-        auto launch = [&](auto kernel, int threads) {
-          kernel<<<persistent_grid(kernel, threads, 0, B * M), threads, 0, stream>>>(
-              P, cells, log, claims, w.medium_rows, w.medium_n, w.medium_next, w.big_rows, w.big_n);
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-        };
-        if (B * M <= kFewRows * props->multiProcessorCount) {
-          launch(candidate_topk_medium_rows_kernel<kMediumFewThreads, S, T>, kMediumFewThreads);
-        } else {
-          launch(candidate_topk_medium_rows_kernel<kThreads, S, T>, kThreads);
-        }
-      }
-      {
-        auto kernel = candidate_topk_large_rows_kernel<S, T>;
-        const int64_t avail = static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_smem(kernel);
-        // cap: the (key, anchor) pairs that fit next to the bitmap; -1 when not even the bitmap fits (then every
-        // large row takes the recompute path)
-        const int64_t room = avail - big_row_smem(A, 0);
-        const int64_t cap = room < 0 ? -1 : std::min<int64_t>(A, room / 8);
-        const int64_t smem = cap < 0 ? 0 : big_row_smem(A, cap);
-        raise_smem_limit(kernel, smem);
-        kernel<<<persistent_grid(kernel, kBigThreads, smem, B * M), kBigThreads, smem, stream>>>(
-            P, cells, log, claims, w.big_rows, w.big_n, cap);
+      // the row kernels of steps 1-3 with a pass (ClaimPass or MaskChoicePass) and their lists' counters
+      auto row_kernels = [&](auto pass, int32_t* medium_n, int32_t* medium_next, int32_t* big_n) {
+        using Pass = decltype(pass);
+        candidate_topk_small_rows_kernel<S, T, Pass><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(
+            P, cells, pass, w.medium_rows, medium_n);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
+        {
+          // few object rows: a larger block per medium row (its latency is the kernel's time)
+          auto launch = [&](auto kernel, int threads) {
+            kernel<<<persistent_grid(kernel, threads, 0, B * M), threads, 0, stream>>>(
+                P, cells, pass, w.medium_rows, medium_n, medium_next, w.big_rows, big_n);
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          };
+          if (B * M <= kFewRows * props->multiProcessorCount) {
+            launch(candidate_topk_medium_rows_kernel<kMediumFewThreads, S, T, Pass>, kMediumFewThreads);
+          } else {
+            launch(candidate_topk_medium_rows_kernel<kThreads, S, T, Pass>, kThreads);
+          }
+        }
+        {
+          auto kernel = candidate_topk_large_rows_kernel<S, T, Pass>;
+          const int64_t avail = static_cast<int64_t>(props->sharedMemPerBlockOptin) - static_smem(kernel);
+          // cap: the (key, anchor) pairs that fit next to the bitmap; -1 when not even the bitmap fits (then every
+          // large row takes the recompute path)
+          const int64_t room = avail - big_row_smem(A, 0);
+          const int64_t cap = room < 0 ? -1 : std::min<int64_t>(A, room / 8);
+          const int64_t smem = cap < 0 ? 0 : big_row_smem(A, cap);
+          raise_smem_limit(kernel, smem);
+          kernel<<<persistent_grid(kernel, kBigThreads, smem, B * M), kBigThreads, smem, stream>>>(
+              P, cells, pass, w.big_rows, big_n, cap);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        }
+      };
+      if (seg_args != nullptr) {  // step 2 for segmentation: the chosen pairs and their mask IoUs
+        const SegChoices choices{w.seg_n, w.seg_anchors, w.seg_chosen, A, M, static_cast<int>(k3)};
+        row_kernels(MaskChoicePass<S, T>{choices, static_cast<int>(k3)}, w.seg_medium_n, w.seg_medium_next,
+                    w.seg_big_n);
+        P.seg = mask_ious(*seg_args, P, choices, w, opts, stream);
       }
+      // steps 1-3: the claims, and the per-anchor claim counts
+      row_kernels(ClaimPass<S, T>{log, claims, static_cast<int>(topk)}, w.medium_n, w.medium_next, w.big_n);
       // step 4: the owners
       owners_kernel<S, T><<<blocks_for(B * A), kThreads, 0, stream>>>(P, claims, first, sink, w.owner, w.own_align,
                                                                      w.own_ov);
@@ -245,9 +310,9 @@ Outputs5 assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, c
                      const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
                      int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val);
+                                       num_classes, stride_val, eps);
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, nullptr);
+             eps, stride_val, nullptr, nullptr);
 }
 
 Outputs5 assign_pose_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
@@ -256,12 +321,25 @@ Outputs5 assign_pose_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bbox
                           const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
                           double beta, double eps, double stride_val, double level_lo, double level_hi) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val);
+                                       num_classes, stride_val, eps);
   const int64_t K =
       check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
   const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, &pose);
+             eps, stride_val, &pose, nullptr);
+}
+
+Outputs5 assign_seg_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
+                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
+                         const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
+                         const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
+                         double beta, double eps, double stride_val) {
+  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                       num_classes, stride_val, eps);
+  check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
+  const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A)};
+  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
+             eps, stride_val, nullptr, &seg);
 }
 
 }  // namespace
@@ -269,6 +347,7 @@ Outputs5 assign_pose_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bbox
 TORCH_LIBRARY_IMPL(lucid, CUDA, m) {
   m.impl("assign", &assign_cuda);
   m.impl("assign_pose", &assign_pose_cuda);
+  m.impl("assign_seg", &assign_seg_cuda);
 }
 
 }  // namespace gpu

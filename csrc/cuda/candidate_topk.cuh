@@ -1,6 +1,8 @@
 // Steps 1-3 on the GPU, fused: each real object row visits the anchors of the cells under its candidate region
 // (containment), computes the overlap and metric of those inside, and claims its top K over all A anchors with the
-// zero fill. Three kernels by the number of candidates a row has; each row's claims are made by exactly one.
+// zero fill. Three kernels by the number of candidates a row has; each row's claims are made by exactly one. What a
+// row's pairs are ranked by and what becomes of the chosen is the kernels' Pass (problem.cuh): ClaimPass for step 3,
+// MaskChoicePass for the segmentation's choice of the pairs that get a mask IoU (the same top-k by another metric).
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -36,14 +38,15 @@ struct SharedRow : RadixState {
 };
 
 // Source that recomputes the candidates of (row, b) over all A anchors.
-template <typename S, typename T>
+template <typename S, typename T, typename Pass>
 struct RecomputeSource {
   const Problem<S, T>* P;
+  const Pass* pass;
   int64_t row, b;
   __device__ int64_t size() const { return P->A; }
   __device__ bool get(int64_t a, Entry<T>& e) const {
     if (!P->contains(row, a)) return false;
-    e = P->entry(row, b, a);
+    e = pass->entry(*P, row, b, a);
     return true;
   }
 };
@@ -51,10 +54,10 @@ struct RecomputeSource {
 // A warp per row: finds the row's candidates through the cells, and when there are at most kWarpCap ranks them
 // (list_ranks) and claims its top K; a row with more, or with more than kWarpWalk anchors to visit, goes to the list
 // of medium rows.
-template <typename S, typename T>
+template <typename S, typename T, typename Pass>
 __global__ void __launch_bounds__(kThreads)
-    candidate_topk_small_rows_kernel(Problem<S, T> P, CellIndex cells, PairLog log, Claims claims,
-                                     int32_t* medium_rows, int32_t* medium_n) {
+    candidate_topk_small_rows_kernel(Problem<S, T> P, CellIndex cells, Pass pass, int32_t* medium_rows,
+                                     int32_t* medium_n) {
   // each warp's row: its candidates' anchors (in the order found) and their metric keys
   __shared__ int32_t s_anchor[kWarps][kWarpCap];
   __shared__ uint32_t s_key[kWarps][kWarpCap];
@@ -97,8 +100,8 @@ __global__ void __launch_bounds__(kThreads)
     key[s] = 0u;
     anchor[s] = 0;
     if (i < n) {
-      const Entry<T> e = P.entry(row, b, s_anchor[warp][i]);
-      log.record(row, e);
+      const Entry<T> e = pass.entry(P, row, b, s_anchor[warp][i]);
+      pass.record(row, e);
       key[s] = s_key[warp][i] = e.key;
       anchor[s] = e.anchor;
     }
@@ -109,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
   list_ranks<kSlots>(key, anchor, s_key[warp], s_anchor[warp], n, P.A, rank);
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    if (s * 32 + lane < n && rank[s] < P.K) claims.put(row, anchor[s]);
+    if (s * 32 + lane < n && rank[s] < pass.k) pass.take(row, anchor[s]);
   }
 }
 
@@ -118,11 +121,11 @@ __global__ void __launch_bounds__(kThreads)
 // NT is kThreads, four blocks to a multiprocessor, when there may be many medium rows; with few object rows in all
 // (kFewRows per multiprocessor at most), the time is that of the longest row, and blocks of kMediumFewThreads
 // threads shorten it.
-template <int NT, typename S, typename T>
+template <int NT, typename S, typename T, typename Pass>
 __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : 1)
-    candidate_topk_medium_rows_kernel(Problem<S, T> P, CellIndex cells, PairLog log, Claims claims,
-                                      const int32_t* medium_rows, const int32_t* medium_n, int32_t* medium_next,
-                                      int32_t* big_rows, int32_t* big_n) {
+    candidate_topk_medium_rows_kernel(Problem<S, T> P, CellIndex cells, Pass pass, const int32_t* medium_rows,
+                                      const int32_t* medium_n, int32_t* medium_next, int32_t* big_rows,
+                                      int32_t* big_n) {
   __shared__ SharedRow sh;
   __shared__ typename BlockScanT<NT>::TempStorage scan_tmp;
   __shared__ int next;
@@ -185,14 +188,14 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : 1)
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int i = i0 + u * NT;
-          if (i < count) e[u] = P.entry(row, b, sh.anchor[i]);
+          if (i < count) e[u] = pass.entry(P, row, b, sh.anchor[i]);
         }
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int i = i0 + u * NT;
           if (i < count) {
             sh.key[i] = e[u].key;
-            log.record(row, e[u]);
+            pass.record(row, e[u]);
           }
         }
       }
@@ -207,8 +210,8 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : 1)
         BlockScanT<NT>(scan_tmp).ExclusiveSum(inside, offset, total);
         __syncthreads();
         if (inside) {
-          const Entry<T> e = P.entry(row, b, a);
-          log.record(row, e);
+          const Entry<T> e = pass.entry(P, row, b, a);
+          pass.record(row, e);
           if (count + offset < kListCap) {
             sh.key[count + offset] = e.key;
             sh.anchor[count + offset] = e.anchor;
@@ -218,13 +221,13 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : 1)
       }
       __syncthreads();
     }
+    auto take = [&](const Entry<T>& e) { pass.take(row, e.anchor); };
     if (count <= kListCap) {
       KeySource<T> src{sh.key, sh.anchor, count};
-      select_row<NT, T>(src, count, P.A, P.K, sh, scan_tmp, [&](const Entry<T>& e) { claims.put(row, e.anchor); });
+      select_row<NT, T>(src, count, P.A, pass.k, sh, scan_tmp, take);
     } else {
-      RecomputeSource<S, T> src{&P, row, b};
-      select_row<NT, T>(src, count, P.A, P.K, sh, scan_tmp,
-                              [&](const Entry<T>& e) { claims.put(row, e.anchor); });
+      RecomputeSource<S, T, Pass> src{&P, &pass, row, b};
+      select_row<NT, T>(src, count, P.A, pass.k, sh, scan_tmp, take);
     }
     __syncthreads();  // shared memory is reused by the next row
   }
@@ -241,10 +244,10 @@ constexpr int kBigThreads = 512;
 
 inline int64_t big_row_smem(int64_t A, int64_t cap) { return ((A + 31) / 32) * 4 + cap * 8; }
 
-template <typename S, typename T>
+template <typename S, typename T, typename Pass>
 __global__ void __launch_bounds__(kBigThreads, 1)
-    candidate_topk_large_rows_kernel(Problem<S, T> P, CellIndex cells, PairLog log, Claims claims,
-                                     const int32_t* big_rows, const int32_t* big_n, int64_t cap) {
+    candidate_topk_large_rows_kernel(Problem<S, T> P, CellIndex cells, Pass pass, const int32_t* big_rows,
+                                     const int32_t* big_n, int64_t cap) {
   extern __shared__ __align__(16) unsigned char dyn[];
   const bool use_bits = cap >= 0;  // false: not even the bitmap fits in shared memory
   const int64_t n_words = use_bits ? (P.A + 31) / 32 : 0;
@@ -275,14 +278,14 @@ __global__ void __launch_bounds__(kBigThreads, 1)
     });
     __syncthreads();
     const int64_t count = sh.n;
-    const int k = P.K;
-    auto take = [&](const Entry<T>& e) { claims.put(row, e.anchor); };
+    const int k = pass.k;
+    auto take = [&](const Entry<T>& e) { pass.take(row, e.anchor); };
     if (use_bits && count <= cap) {
       compact_bits<kBigThreads>(bits, n_words, scan_tmp, [&](int i, int32_t a) { anchors[i] = a; });
       __syncthreads();
       for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-        const Entry<T> e = P.entry(row, b, anchors[i]);
-        log.record(row, e);
+        const Entry<T> e = pass.entry(P, row, b, anchors[i]);
+        pass.record(row, e);
         keys[i] = e.key;
       }
       __syncthreads();
@@ -299,10 +302,10 @@ __global__ void __launch_bounds__(kBigThreads, 1)
     } else {
       // note every candidate once (a walk over the cells), then the in-order walk over all anchors
       walk_cells(cells, range, warp, warps, inside, [&](int32_t a, bool in) {
-        if (in) log.record(row, P.entry(row, b, a));
+        if (in) pass.record(row, pass.entry(P, row, b, a));
         return true;
       });
-      RecomputeSource<S, T> src{&P, row, b};
+      RecomputeSource<S, T, Pass> src{&P, &pass, row, b};
       select_row<kBigThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
     }
     __syncthreads();  // shared memory is reused by the next row

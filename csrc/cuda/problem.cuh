@@ -11,6 +11,7 @@
 #include "cuda/keypoints.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/overlap_metric.cuh"
+#include "cuda/seg_view.cuh"
 #include "rules.h"
 
 namespace lucid {
@@ -154,6 +155,7 @@ struct Problem : AssignInputs<S, T> {
   Prep<T> prep;
   bool pow_wide;  // s^alpha as for scores widened to float32 (CUDA autocast, amp.h)
   PoseView pose;  // the pose assignment: the level gate and the keypoint OKS (pose.on)
+  SegView seg;    // the segmentation assignment: the chosen pairs' mask IoUs (seg.on)
 
   // Step 1: anchor a lies in the candidate region of `row` (and passes its level gate, for pose); candidate: and the
   // row is a real object. The walks of the row kernels test region and gate in registers (RegionOf, RowGate).
@@ -165,11 +167,18 @@ struct Problem : AssignInputs<S, T> {
   __device__ bool candidate(int64_t row, int64_t a) const { return this->valid[row] && contains(row, a); }
 
   // Step 2: the overlap of object `row` and prediction p = b*A + a (for pose, the OKS when the object has a visible
-  // keypoint), and the metric of the pair from it.
-  __device__ T overlap(int64_t row, int64_t p) const {
-    if (pose.on && pose.rows[row].n_visible > 0) return pose.oks(row, p);
+  // keypoint; for segmentation, the mean of the box overlap and the pair's mask IoU), and the metric of the pair
+  // from it.
+  __device__ T box_overlap(int64_t row, int64_t p) const {
     return pair_overlap(this->gt + row * D, prep.gvals + row * kBoxValues, this->pd + p * D,
                         prep.pvals + p * kBoxValues, D);
+  }
+  __device__ T overlap(int64_t row, int64_t p) const {
+    if (pose.on && pose.rows[row].n_visible > 0) return pose.oks(row, p);
+    const T o = box_overlap(row, p);
+    if (!seg.on) return o;
+    const int64_t a = p - (row / this->M) * this->A;
+    return geom::mul(geom::add(o, seg.mask_iou(row, a)), T(0.5));
   }
 
   __device__ T align(int64_t row, int64_t p, T o) const {
@@ -184,6 +193,39 @@ struct Problem : AssignInputs<S, T> {
     const T al = align(row, b * this->A + a, o);
     return {al, o, static_cast<int32_t>(a), order_key(al)};
   }
+  // Segmentation: the entry by which the pairs that get a mask IoU are chosen, the box metric plus eps.
+  __device__ Entry<T> box_entry(int64_t row, int64_t b, int64_t a) const {
+    const T o = box_overlap(row, b * this->A + a);
+    const T m = geom::add(align(row, b * this->A + a, o), this->eps);
+    return {m, o, static_cast<int32_t>(a), order_key(m)};
+  }
+};
+
+// What the row kernels of candidate_topk.cuh do with a row's pairs: its entries (entry), what is recorded of each
+// candidate pair (record) and what becomes of the k chosen (take).
+// Step 3 proper: the pair's metric; every candidate pair goes to the PairLog and the chosen become claims.
+template <typename S, typename T>
+struct ClaimPass {
+  PairLog log;
+  Claims claims;
+  int k;
+  __device__ Entry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
+    return P.entry(row, b, a);
+  }
+  __device__ void record(int64_t row, const Entry<T>& e) const { log.record(row, e); }
+  __device__ void take(int64_t row, int32_t a) const { claims.put(row, a); }
+};
+
+// Segmentation, step 2: the box metric plus eps; the min(3K, A) chosen get a mask IoU (SegChoices).
+template <typename S, typename T>
+struct MaskChoicePass {
+  SegChoices choices;
+  int k;
+  __device__ Entry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
+    return P.box_entry(row, b, a);
+  }
+  __device__ void record(int64_t, const Entry<T>&) const {}
+  __device__ void take(int64_t row, int32_t a) const { choices.put(row, a); }
 };
 
 }  // namespace gpu

@@ -29,7 +29,8 @@ class Layout {
   int64_t off_ = 0;
 };
 
-// The working buffers of one call: O(B*A + B*M) in all (with a second top-k, 32 more ints per row).
+// The working buffers of one call: O(B*A + B*M) in all (with a second top-k, 32 more ints per row; for
+// segmentation 3 * k3 more values per row, k3 = min(3K, A)).
 template <typename T>
 struct Workspace {
   // start at zero (cleared by prepare_kernel: the first zero_words 16-byte words)
@@ -46,6 +47,13 @@ struct Workspace {
   int32_t* nan_seen;             // (B*M) RowNotes
   int32_t* inf_cand;
   int32_t* img_flag;             // (B)
+  // segmentation only (seg_masks.cuh): the counters of the choice's row kernels, the chosen pairs per row and the
+  // chosen anchors per image
+  int32_t* seg_medium_n;
+  int32_t* seg_medium_next;
+  int32_t* seg_big_n;
+  int32_t* seg_n;       // (B*M)
+  int32_t* seg_chosen;  // (B*A)
   int64_t zero_words;
   // written before being read
   uint8_t* regions;
@@ -70,8 +78,16 @@ struct Workspace {
   PoseRow* pose_rows;  // (B*M)
   float* anc_stride;   // (A)
   float* stride_extremes;  // (2)
+  // segmentation only: per row its chosen anchors as taken and sorted and their mask IoUs (B*M*k3), per anchor of
+  // an image its slot among the image's chosen anchors and per slot its anchor (B*A)
+  int32_t* seg_anchors;
+  int32_t* seg_sorted;
+  float* seg_iou;
+  int32_t* seg_slot;
+  int32_t* seg_anchor_of;  // (B*A) the anchor of each slot of an image
 
-  void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D, bool pose = false) {
+  void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D, bool pose = false, int64_t k3 = 0) {
+    const bool seg = k3 > 0;
     medium_n = L.take<int32_t>(1);
     medium_next = L.take<int32_t>(1);
     big_n = L.take<int32_t>(1);
@@ -88,6 +104,11 @@ struct Workspace {
     nan_seen = L.take<int32_t>(B * M);
     inf_cand = L.take<int32_t>(B * M);
     img_flag = L.take<int32_t>(B);
+    seg_medium_n = L.take<int32_t>(seg ? 1 : 0);
+    seg_medium_next = L.take<int32_t>(seg ? 1 : 0);
+    seg_big_n = L.take<int32_t>(seg ? 1 : 0);
+    seg_n = L.take<int32_t>(seg ? B * M : 0);
+    seg_chosen = L.take<int32_t>(seg ? B * A : 0);
     zero_words = (L.size() + 15) / 16;  // the next buffer starts past them (take aligns to 16)
     regions = L.take<uint8_t>(B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
                                                                  : sizeof(geom::ObbRegion<T>)));
@@ -111,6 +132,11 @@ struct Workspace {
     pose_rows = L.take<PoseRow>(pose ? B * M : 0);
     anc_stride = L.take<float>(pose ? A : 0);
     stride_extremes = L.take<float>(pose ? 2 : 0);
+    seg_anchors = L.take<int32_t>(B * M * k3);
+    seg_sorted = L.take<int32_t>(B * M * k3);
+    seg_iou = L.take<float>(B * M * k3);
+    seg_slot = L.take<int32_t>(seg ? B * A : 0);
+    seg_anchor_of = L.take<int32_t>(seg ? B * A : 0);
   }
 };
 

@@ -1,0 +1,166 @@
+// Segmentation on the GPU (docs/spec.md, "Segmentation"): after the row kernels have chosen each row's pairs for a
+// mask IoU (MaskChoicePass), the chosen anchors of each image get their slots (chosen_slots_kernel), each row's
+// list is sorted (sort_choices_kernel) and each such row's mask pixels counted (mask_pixels_kernel); the decode (mask_decode.h) packs the chosen anchors' coefficients
+// (pack_coef_kernel) and, chunk by chunk of its products, count_masks_kernel counts each chosen pair's pixels into
+// its IoU. Integer counts only: the results do not depend on the order of threads.
+#pragma once
+
+#include <c10/macros/Macros.h>
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "cuda/launch.cuh"
+#include "cuda/seg_view.cuh"
+#include "geometry.h"
+
+namespace lucid {
+namespace gpu {
+
+// A block per image: the slot of each chosen anchor among the image's chosen anchors (increasing), the anchor of each
+// slot, and their count.
+constexpr int kSlotThreads = 1024;
+
+__global__ void __launch_bounds__(kSlotThreads)
+    chosen_slots_kernel(const int32_t* chosen, int64_t A, int32_t* slot, int32_t* anchor_of, int64_t* per_image) {
+  using Scan = cub::BlockScan<int, kSlotThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int64_t b = blockIdx.x;
+  int base = 0;
+  for (int64_t a0 = 0; a0 < A; a0 += kSlotThreads) {
+    const int64_t a = a0 + threadIdx.x;
+    const int on = a < A && chosen[b * A + a];
+    int offset, total;
+    Scan(tmp).ExclusiveSum(on, offset, total);
+    __syncthreads();
+    if (on) {
+      slot[b * A + a] = base + offset;
+      anchor_of[b * A + base + offset] = static_cast<int32_t>(a);
+    }
+    base += total;
+  }
+  if (threadIdx.x == 0) per_image[b] = base;
+}
+
+// A warp per row: its chosen anchors (distinct) in increasing order, each placed by the count of smaller ones.
+__global__ void __launch_bounds__(kThreads)
+    sort_choices_kernel(const int32_t* n, const int32_t* anchors, int32_t* sorted, int64_t rows, int k3) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int32_t* in = anchors + row * k3;
+  const int count = n[row];
+  for (int i = lane; i < count; i += 32) {
+    const int32_t a = in[i];
+    int before = 0;
+    for (int j = 0; j < count; ++j) before += in[j] < a;
+    sorted[row * k3 + before] = a;
+  }
+}
+
+// A thread per value of coef (B, n0, nm), contiguous: row (p, s) holds pd_coef[b, a, :] (any strides) for the s-th
+// chosen anchor a of image b = order[p], copied as it is, or zeros past the image's count.
+template <typename E>
+__global__ void __launch_bounds__(kThreads)
+    pack_coef_kernel(const E* pd_coef, int64_t s0, int64_t s1, int64_t s2, const int32_t* anchor_of,
+                     const int64_t* per_image, const int64_t* order, int64_t B, int64_t A, int64_t n0, int64_t nm,
+                     E* coef) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= B * n0 * nm) return;
+  const int64_t c = i % nm, s = (i / nm) % n0, b = order[i / (nm * n0)];
+  coef[i] = s < per_image[b] ? pd_coef[b * s0 + anchor_of[b * A + s] * s1 + c * s2] : E(0);
+}
+
+// A block per object row with chosen pairs: the pixels of its mask (gt, element (b, m, y, x) at b*g0 + m*g1 + y*g2 +
+// x*g3). A row of contiguous pixels at a 16-byte boundary is read 16 bool bytes (0 or 1 each) at a time.
+__global__ void __launch_bounds__(kThreads)
+    mask_pixels_kernel(const bool* gt, int64_t g0, int64_t g1, int64_t g2, int64_t g3, int mh, int mw,
+                       const int32_t* n, int64_t M, int64_t* count) {
+  using Reduce = cub::BlockReduce<int, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const int64_t row = blockIdx.x;
+  if (n[row] == 0) return;  // the same in the whole block
+  const bool* g = gt + (row / M) * g0 + (row % M) * g1;
+  const int pixels = mh * mw;
+  int mine = 0;
+  if (g3 == 1 && g2 == mw && pixels % 16 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0) {
+    const uint4* v = reinterpret_cast<const uint4*>(g);
+    for (int i = threadIdx.x; i < pixels / 16; i += kThreads) {
+      const uint4 w = v[i];
+      mine += __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
+    }
+  } else {
+    for (int i = threadIdx.x; i < pixels; i += kThreads) mine += g[(i / mw) * g2 + (i % mw) * g3];
+  }
+  const int total = Reduce(tmp).Sum(mine);
+  if (threadIdx.x == 0) count[row] = total;
+}
+
+// A decoded value's pixel is set when it is > 0 (in its own dtype: widening is exact).
+template <typename E>
+__device__ __forceinline__ bool positive(E v) {
+  return static_cast<float>(v) > 0.0f;
+}
+__device__ __forceinline__ bool positive(double v) { return v > 0.0; }
+
+// What count_masks_kernel reads besides the decoded chunk.
+struct MaskCountArgs {
+  const int32_t* n;        // (B*M) chosen pairs per row
+  const int32_t* sorted;   // (B*M*k3)
+  const int32_t* slot;     // (B*A)
+  const float* pd;         // (B*A, 4) predicted boxes
+  const void* scale;       // (B) with stride scale_stride: box units to mask pixels
+  int64_t scale_stride;
+  bool scale_double;
+  const bool* gt;          // gt_masks != 0, element (b, m, y, x) at b*g0 + m*g1 + y*g2 + x*g3
+  int64_t g0, g1, g2, g3;
+  const int64_t* gt_count; // (B*M) pixels of each object's mask (rows with chosen pairs)
+  float* iou;              // (B*M*k3)
+  int64_t A, M;
+  int k3;
+  int mh, mw;
+};
+
+// A block per pair slot (row, j) of the images at positions [start, stop) of the decode's order (order: the images
+// by position): a chosen pair's predicted mask (decoded > 0, element (p - start, slot, pixel) of a
+// (stop - start, n, mh * mw) chunk) within its box's crop, against the object's mask. A warp takes a pixel row at a
+// time, its lanes the columns. Both counts are summed in one 64-bit value (each below 2^24).
+constexpr int kCountThreads = 128;
+
+template <typename E>
+__global__ void __launch_bounds__(kCountThreads)
+    count_masks_kernel(const E* decoded, int64_t n, int64_t start, const int64_t* order, MaskCountArgs c) {
+  using Reduce = cub::BlockReduce<unsigned long long, kCountThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const int64_t per_image = c.M * c.k3;
+  const int64_t p = start + blockIdx.x / per_image, r = blockIdx.x % per_image;
+  const int64_t b = order[p], row = b * c.M + r / c.k3, j = r % c.k3;
+  if (j >= c.n[row]) return;  // the same in the whole block
+  const int64_t w = row * c.k3 + j;
+  const int64_t a = c.sorted[w];
+  const float* box = c.pd + (b * c.A + a) * 4;
+  auto scaled = [&](float v) {
+    if (c.scale_double) return static_cast<float>(__dmul_rn(v, static_cast<const double*>(c.scale)[b * c.scale_stride]));
+    return __fmul_rn(v, static_cast<const float*>(c.scale)[b * c.scale_stride]);
+  };
+  const geom::PixelRange xs = geom::crop_range(scaled(box[0]), scaled(box[2]), c.mw);
+  const geom::PixelRange ys = geom::crop_range(scaled(box[1]), scaled(box[3]), c.mh);
+  const E* pm = decoded + ((p - start) * n + c.slot[b * c.A + a]) * static_cast<int64_t>(c.mh) * c.mw;
+  const bool* g = c.gt + b * c.g0 + (row % c.M) * c.g1;
+  unsigned long long mine = 0;  // the intersection in the high half, the predicted pixels in the low half
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int y = ys.first + warp; y < ys.end; y += kCountThreads / 32) {
+    for (int x = xs.first + lane; x < xs.end; x += 32) {
+      if (positive(pm[y * c.mw + x])) mine += g[y * c.g2 + x * c.g3] ? (1ull << 32) + 1 : 1;
+    }
+  }
+  const unsigned long long total = Reduce(tmp).Sum(mine);
+  if (threadIdx.x == 0) {
+    c.iou[w] = geom::mask_iou(static_cast<int64_t>(total >> 32), c.gt_count[row],
+                              static_cast<int64_t>(total & 0xFFFFFFFFull));
+  }
+}
+
+}  // namespace gpu
+}  // namespace lucid

@@ -1,0 +1,72 @@
+// The decode of the predicted masks for the segmentation assignment (docs/spec.md, "Segmentation"), the part both
+// backends share. Which pixels of a predicted mask are set is the sign of a matrix product, and a product's rounding
+// depends on the library routine and on the shapes it is called with, which a kernel cannot reproduce. So the
+// decode calls the same routine (at::matmul, as the reference's `@`) on operands of the same shapes, strides and
+// dtypes as the reference builds: each image's chosen anchors in increasing order in slots of one (B, n0, nm) buffer
+// of pd_coef's dtype (zeros past an image's count), the images in the order of argsort(descending) of their counts
+// (n0 the largest count), and one
+// product coef[chunk, :n] @ proto[images].flatten(2) per chunk of images, n the chunk's largest count. A backend
+// supplies how the buffer is filled (pack) and what is counted in each chunk's product (count); the decoded chunk is
+// the only buffer of (pairs x mask pixels) size, about kChunkPixels values (one image's at least).
+//
+// The counts per image must be known on the host to call the routine with those shapes: this is the assignment's
+// one synchronisation with the device (the reference, and the peer, synchronise there too).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "amp.h"
+#include "assign_io.h"
+
+namespace lucid {
+
+constexpr int64_t kChunkPixels = int64_t{1} << 27;  // reference.SEG_CHUNK_PIXELS
+constexpr int64_t kSegTopkFactor = 3;               // reference.SEG_TOPK_FACTOR
+
+// An operand as CUDA autocast would cast it for matmul (amp.h): floating tensors other than float64, to the dtype
+// of the autocast kernel that forwarded this call (none: unchanged).
+inline at::Tensor autocast_operand(const at::Tensor& t) {
+  const auto& dtype = autocast_matmul_dtype();
+  if (!dtype || !t.is_floating_point() || t.scalar_type() == at::kDouble || t.scalar_type() == *dtype) return t;
+  return t.to(*dtype);
+}
+
+// proto[images] as the reference's `[]` computes it (at::index); for contiguous prototypes index_select gives the same
+// contiguous tensor with less host work.
+inline at::Tensor gather_images(const at::Tensor& proto, const at::Tensor& images) {
+  if (proto.is_contiguous()) return proto.index_select(0, images);
+  c10::List<std::optional<at::Tensor>> index;
+  index.push_back(images);
+  return at::index(proto, index);
+}
+
+// per_image: (B,) int64, the chosen anchors of each image (on the device). pack(coef, order) fills coef (B, n0, nm)
+// (uninitialised): row (p, s) is pd_coef[b, a] for the s-th chosen anchor a of image b = order[p] (s < n_b), and
+// zeros past the image's count. count(decoded, start, stop, order) takes the product of the images at positions
+// [start, stop) of the order: decoded[p - start, slot, pixel], of shape (stop - start, n, mh * mw).
+template <typename Pack, typename Count>
+void decode_chosen_masks(const SegArgs& seg, const at::Tensor& per_image, Pack pack, Count count) {
+  const int64_t B = per_image.size(0);
+  if (B == 0) return;
+  const auto order = at::argsort(per_image, /*dim=*/-1, /*descending=*/true);
+  const auto counts = per_image.index_select(0, order).to(at::kCPU);  // the synchronisation
+  const int64_t* n_of = counts.const_data_ptr<int64_t>();
+  if (n_of[0] == 0) return;
+  const int64_t nm = seg.pd_coef.size(2), pixels = seg.proto.size(2) * seg.proto.size(3);
+  auto coef = at::empty({B, n_of[0], nm}, seg.pd_coef.options());
+  pack(coef, order);
+  for (int64_t start = 0; start < B && n_of[start] > 0;) {
+    const int64_t n = n_of[start];
+    const int64_t stop = std::min(B, start + std::max<int64_t>(1, kChunkPixels / (n * pixels)));
+    const auto lhs = autocast_operand(coef.slice(0, start, stop).slice(1, 0, n));
+    const auto rhs = autocast_operand(gather_images(seg.proto, order.slice(0, start, stop)).flatten(2));
+    count(at::matmul(lhs, rhs), start, stop, order);
+    start = stop;
+  }
+}
+
+}  // namespace lucid
