@@ -77,6 +77,17 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
         _check_label_values(gt_labels, mask_gt, num_classes)
 
 
+def check_eps(eps) -> None:
+    """eps must be a positive number: step 6 divides by ``pa + eps``, and with eps <= 0 a row that owns nothing
+    (pa = 0) divides 0 by 0 (docs/spec.md, "Inputs")."""
+    try:
+        ok = math.isfinite(float(eps)) and float(eps) > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+
+
 def _check_label_values(gt_labels, mask_gt, num_classes):
     """The one check that reads values (so on the CPU only; CUDA checks labels on the device)."""
     reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
@@ -119,6 +130,7 @@ def assign(
     labels out of range are caught by the op itself (CPU: an error; CUDA: a device-side assertion) or, on the
     reference path, by an assertion in the graph.
     """
+    check_eps(eps)
     if torch.compiler.is_compiling():
         check_inputs(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
@@ -216,6 +228,7 @@ def assign_pose(
     Returns and backends: as ``assign``. The kernels take 0 to 63 keypoints, ``gt_kpts`` and ``sigmas`` of the boxes'
     dtype and ``anc_strides`` of it or a narrower float type; other inputs run on the reference with ``"auto"``.
     """
+    check_eps(eps)
     pose = (anc_strides, pd_kpts, gt_kpts, sigmas)
     if torch.compiler.is_compiling():
         check_inputs(
@@ -241,15 +254,115 @@ def assign_pose(
     )
 
 
+def check_seg_inputs(pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks):
+    """Raise ValueError/TypeError naming the argument when the mask inputs do not fit the box inputs (which
+    check_inputs checked)."""
+    tensors = dict(pd_coef=pd_coef, mask_scale=mask_scale, proto=proto, gt_masks=gt_masks)
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name in ("pd_coef", "mask_scale", "proto"):
+        if not tensors[name].is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {tensors[name].dtype}")
+    if gt_masks.is_complex():
+        raise TypeError(f"gt_masks must be bool or real (nonzero: inside the object), got {gt_masks.dtype}")
+    if gt_bboxes.shape[-1] != 4:
+        raise ValueError(f"the segmentation assignment takes x1y1x2y2 boxes: gt_bboxes must be (B, M, 4), got "
+                         f"{_shape(gt_bboxes)}")
+    bs, n_anchors = pd_scores.shape[:2]
+    n_boxes = gt_bboxes.shape[1]
+    if proto.dim() != 4 or proto.shape[0] != bs:
+        raise ValueError(f"proto must be (B, nm, mh, mw) with B = {bs}, got {_shape(proto)}")
+    nm, mh, mw = proto.shape[1:]
+    if _shape(pd_coef) != (bs, n_anchors, nm):
+        raise ValueError(f"pd_coef must have shape {(bs, n_anchors, nm)} (from pd_scores and proto), got "
+                         f"{_shape(pd_coef)}")
+    if _shape(mask_scale) not in ((bs, 1), (bs,)):
+        raise ValueError(f"mask_scale must have shape ({bs}, 1), got {_shape(mask_scale)}")
+    if gt_masks.dim() != 4 or gt_masks.shape[0] != bs or gt_masks.shape[1] < n_boxes or _shape(gt_masks)[2:] != (mh, mw):
+        raise ValueError(f"gt_masks must be (B, >= M, mh, mw) = ({bs}, >= {n_boxes}, {mh}, {mw}) (from gt_bboxes and "
+                         f"proto), got {_shape(gt_masks)}")
+    if mh * mw >= 1 << 24:
+        raise ValueError(f"proto: at most 2^24 - 1 mask pixels, got {mh} x {mw}")
+    devices = {t.device for t in tensors.values()} | {pd_scores.device}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+    autocast = torch.is_autocast_enabled(pd_coef.device.type) if pd_coef.device.type in ("cuda", "cpu") else False
+    if pd_coef.dtype != proto.dtype and not autocast:
+        raise TypeError(f"pd_coef and proto must have one dtype outside autocast (their product decodes the masks), "
+                        f"got {pd_coef.dtype} and {proto.dtype}")
+
+
+def assign_seg(
+    pd_scores: torch.Tensor,
+    pd_bboxes: torch.Tensor,
+    anc_points: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_bboxes: torch.Tensor,
+    mask_gt: torch.Tensor,
+    pd_coef: torch.Tensor,
+    mask_scale: torch.Tensor,
+    proto: torch.Tensor,
+    gt_masks: torch.Tensor,
+    *,
+    topk: int = 13,
+    num_classes: int = 80,
+    alpha: float = 1.0,
+    beta: float = 6.0,
+    eps: float = 1e-9,
+    stride: Sequence[float] = (8, 16, 32),
+    topk2: int | None = None,
+    backend: str = "auto",
+):
+    """The segmentation assignment (docs/spec.md, "Segmentation"): ``assign`` for x1y1x2y2 boxes whose overlap is the
+    mean of the box overlap and the mask IoU, for each object's ``min(3 * topk, A)`` best pairs by box metric (the
+    others: the box overlap halved).
+
+    Args:
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt: as for ``assign``, boxes (..., 4).
+        pd_coef: (B, A, nm) mask coefficients of each anchor.
+        mask_scale: (B, 1) mask pixels per box unit (the prototypes' size over the image's).
+        proto: (B, nm, mh, mw) mask prototypes; an anchor's mask is ``pd_coef @ proto > 0``, cropped to its box.
+        gt_masks: (B, >= M, mh, mw) object masks, bool (or 0/1 numbers: nonzero is inside).
+
+    Returns and backends: as ``assign``. Both backends synchronise once with the device (the decode of the masks takes
+    its shapes from the chosen pairs), so the call cannot be captured in a CUDA graph. The kernels take a float32 or
+    float64 ``mask_scale``; other inputs run on the reference with ``"auto"``.
+    """
+    check_eps(eps)
+    seg = (pd_coef, mask_scale, proto, gt_masks)
+    if torch.compiler.is_compiling():
+        check_inputs(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
+            topk=topk, topk2=topk2, num_classes=num_classes, stride=stride, read_values=False,
+        )
+        check_seg_inputs(pd_scores, gt_bboxes, *seg)
+        choice = _traced_choice(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
+                                gt_bboxes.dtype, _seg_key(*seg))
+        stride_val = reference.stride_value(stride) if choice == "kernel" else None
+    else:
+        stride_val = _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
+                                   num_classes, stride, backend, seg=seg)
+    if stride_val is not None:
+        return ops.assign_seg(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *seg, topk=topk, topk2=topk2,
+            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
+        )
+    return reference.assign_seg(
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *seg,
+        topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
+    )
+
+
 def _pose_key(anc_strides, pd_kpts, gt_kpts, sigmas) -> tuple:
     """What the kernel's support of the pose inputs depends on."""
-    return anc_strides.dtype, pd_kpts.dtype, gt_kpts.dtype, sigmas.dtype, gt_kpts.shape[2]
+    return "pose", anc_strides.dtype, pd_kpts.dtype, gt_kpts.dtype, sigmas.dtype, gt_kpts.shape[2]
 
 
 def pose_unsupported(device, box_dtype, pose_key) -> str | None:
     """Why the compiled assign_pose cannot take these pose inputs (beyond what kernel_unsupported says of the box
     inputs), or None when it can."""
-    strides_dtype, pd_kpts_dtype, gt_kpts_dtype, sigmas_dtype, n_kpts = pose_key
+    _, strides_dtype, pd_kpts_dtype, gt_kpts_dtype, sigmas_dtype, n_kpts = pose_key
     if not _library.has_kernel("assign_pose", device):
         return f"the compiled library has no assign_pose kernel for {device} tensors"
     if n_kpts > MAX_KEYPOINTS:
@@ -265,12 +378,33 @@ def pose_unsupported(device, box_dtype, pose_key) -> str | None:
 MAX_KEYPOINTS = 63  # csrc/geometry.h kMaxKeypoints
 
 
+def _seg_key(pd_coef, mask_scale, proto, gt_masks) -> tuple:
+    """What the kernel's support of the segmentation inputs depends on."""
+    return "seg", mask_scale.dtype
+
+
+def seg_unsupported(device, box_dtype, seg_key) -> str | None:
+    """Why the compiled assign_seg cannot take these mask inputs (beyond what kernel_unsupported says of the box
+    inputs), or None when it can."""
+    if not _library.has_kernel("assign_seg", device):
+        return f"the compiled library has no assign_seg kernel for {device} tensors"
+    if seg_key[1] not in (torch.float32, torch.float64):
+        return f"the kernel takes a float32 or float64 mask_scale, got {seg_key[1]}"
+    return None
+
+
+def extra_unsupported(device, box_dtype, key) -> str | None:
+    """pose_unsupported or seg_unsupported, by the kind of ``key`` (from _pose_key or _seg_key)."""
+    return (pose_unsupported if key[0] == "pose" else seg_unsupported)(device, box_dtype, key)
+
+
 def _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,
-                  backend, pose=None, level_range=None):
-    """check_inputs (and check_pose_inputs for the pose tensors ``pose``) and the choice of backend, remembered per
-    signature: the stride value to give the kernel, or None for the reference."""
+                  backend, pose=None, level_range=None, seg=None):
+    """check_inputs (and check_pose_inputs for the pose tensors ``pose``, check_seg_inputs for the mask tensors
+    ``seg``) and the choice of backend, remembered per signature: the stride value to give the kernel, or None for the
+    reference."""
     key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
-                     stride, backend, *(pose or ()))
+                     stride, backend, *(pose or ()), *(seg or ()))
     if key is not None and pose is not None:
         try:
             key += (tuple(level_range),)
@@ -283,12 +417,15 @@ def _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_g
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
             topk=topk, topk2=topk2, num_classes=num_classes, stride=stride,
         )
-        pose_key = None
+        extra_key = None
         if pose is not None:
             check_pose_inputs(pd_scores, gt_bboxes, *pose, level_range)
-            pose_key = _pose_key(*pose)
+            extra_key = _pose_key(*pose)
+        if seg is not None:
+            check_seg_inputs(pd_scores, gt_bboxes, *seg)
+            extra_key = _seg_key(*seg)
         if _choose(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
-                   gt_bboxes.dtype, pose_key) == "kernel":
+                   gt_bboxes.dtype, extra_key) == "kernel":
             stride_val = reference.stride_value(stride)
             if key is not None and len(_kernel_calls) < _KERNEL_CALLS_MAX:
                 _kernel_calls[key] = stride_val
@@ -382,7 +519,7 @@ def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) ->
                    gt_bboxes.dtype)
 
 
-def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype, pose_key=None) -> str:
+def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype, extra_key=None) -> str:
     forced = os.environ.get(ENV_BACKEND)
     if forced:
         if forced not in BACKENDS:
@@ -393,8 +530,8 @@ def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype, pos
     if backend == "reference":
         return "reference"
     why = _unsupported_for(device, score_dtype, pd_dtype, anchor_dtype, box_dtype)
-    if why is None and pose_key is not None:
-        why = pose_unsupported(device, box_dtype, pose_key)
+    if why is None and extra_key is not None:
+        why = extra_unsupported(device, box_dtype, extra_key)
     if why is None:
         return "kernel"
     if backend == "kernel":
@@ -431,4 +568,4 @@ def backends() -> dict:
     }
 
 
-_OPS = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose")
+_OPS = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose", "assign_seg")

@@ -100,3 +100,33 @@ class PoseTaskAlignedAssigner(TaskAlignedAssigner):
             self.sigmas, topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
             stride=self.stride, topk2=self.topk2, level_range=self.level_range, backend=self.backend,
         )
+
+
+class SegTaskAlignedAssigner(TaskAlignedAssigner):
+    """Task-aligned assigner for segmentation (docs/spec.md, "Segmentation"): axis-aligned boxes ``x1 y1 x2 y2`` whose
+    overlap is the mean of the box CIoU and the IoU of the object's mask with the anchor's predicted mask, for each
+    object's ``3 * topk`` best pairs by box metric (the box CIoU halved for the others).
+
+    Same constructor and ``forward`` as the peer's ``SegTaskAlignedAssigner``: the arguments of TaskAlignedAssigner
+    (and ``backend``); ``forward`` takes, after ``mask_gt``, the mask coefficients ``pd_coef`` (B, A, nm), the scale
+    from box units to mask pixels ``mask_scale`` (B, 1), the prototypes ``proto`` (B, nm, mh, mw) and the object masks
+    ``gt_masks`` (B, >= M, mh, mw). A call synchronises once with the device (the decode of the masks takes its shapes
+    from the chosen pairs).
+    """
+
+    box_dims = (4,)
+
+    @torch.no_grad()
+    def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef=None, mask_scale=None,
+                proto=None, gt_masks=None):
+        """Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``."""
+        if pd_coef is None or mask_scale is None or proto is None or gt_masks is None:
+            raise TypeError(f"{type(self).__name__}.forward needs pd_coef (B, A, nm), mask_scale (B, 1), proto "
+                            f"(B, nm, mh, mw) and gt_masks (B, M, mh, mw)")
+        if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 and gt_bboxes.shape[-1] not in self.box_dims:
+            raise ValueError(f"{type(self).__name__} takes gt_bboxes (B, M, 4), got {tuple(gt_bboxes.shape)}")
+        return api.assign_seg(
+            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
+            topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
+            stride=self.stride, topk2=self.topk2, backend=self.backend,
+        )

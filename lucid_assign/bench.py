@@ -1,8 +1,8 @@
 """Benchmark machinery shared by ``lucid-assign bench`` and the pytest-benchmark suite in bench/.
 
 A case is a kind (HBB at 640 px with 80 classes, OBB at 1024 px with 15 classes, as in the peer's detect and OBB
-models, or pose: HBB at 640 px with 17 keypoints per object, ``pose_batch``), a batch size and a number of objects per
-image, on one device. The scene is DOTA-like
+models, or pose: HBB at 640 px with 17 keypoints per object, ``pose_batch``, or seg: HBB at 640 px with masks, 32
+bfloat16 prototypes at 160 x 160, ``seg_batch``), a batch size and a number of objects per image, on one device. The scene is DOTA-like
 (``dota_like_batch``) or, with a dense preset, many small objects (``dense_batch``), where a number of objects may be
 a (low, high) range drawn per image. A backend is the reference, the
 compiled kernel, or the peer trainer's assigner (``ultralytics``) when it is installed.
@@ -22,14 +22,16 @@ import time
 import torch
 
 from . import api, ops, reference
-from .synthetic import dense_batch, dota_like_batch, pose_batch
+from .synthetic import dense_batch, dota_like_batch, pose_batch, seg_batch
 
 INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
 POSE_INPUTS = ("anc_strides", "pd_kpts", "gt_kpts", "sigmas")
+SEG_INPUTS = ("pd_coef", "mask_scale", "proto", "gt_masks")
 KINDS = {
     "hbb": dict(img_size=640, num_classes=80, obb=False),  # 8,400 anchors
     "obb": dict(img_size=1024, num_classes=15, obb=True),  # 21,504 anchors
     "pose": dict(img_size=640, num_classes=80, obb=False),  # 8,400 anchors, 17 keypoints
+    "seg": dict(img_size=640, num_classes=80, obb=False),  # 8,400 anchors, masks at 160 x 160
 }
 # Dense scenes: xView-like (satellite, up to ~5,000 objects an image; the peer's assigner runs out of memory there
 # and falls back to the CPU) and the same density of oriented objects at the OBB size.
@@ -65,6 +67,9 @@ def _host_scene(kind: str, batch: int, objects, seed: int, classes: int | None =
     if kind == "pose":
         return pose_batch(batch=batch, objects=objects, seed=seed, img_size=spec["img_size"],
                           num_classes=spec["num_classes"])
+    if kind == "seg":  # coefficients and prototypes in bfloat16, as the peer trainer's model gives them under autocast
+        return seg_batch(batch=batch, objects=objects, seed=seed, img_size=spec["img_size"],
+                         num_classes=spec["num_classes"], mask_dtype=torch.bfloat16)
     make = dense_batch if dense else dota_like_batch
     return make(batch=batch, objects=objects, seed=seed, **spec)
 
@@ -89,6 +94,8 @@ def peer_assigner(kind: str, classes: int | None = None, sigmas=None):
     kw = dict(topk=TOPK, num_classes=num_classes_of(kind, classes), alpha=0.5, beta=6.0, stride=[8, 16, 32])
     if kind == "pose":
         return tal.PoseTaskAlignedAssigner(sigmas, **kw)
+    if kind == "seg":
+        return tal.SegTaskAlignedAssigner(**kw)
     cls = tal.RotatedTaskAlignedAssigner if KINDS[kind]["obb"] else tal.TaskAlignedAssigner
     return cls(**kw)
 
@@ -115,6 +122,13 @@ def assign_runner(backend: str, kind: str, classes: int | None = None):
     kw = dict(topk=TOPK, num_classes=num_classes_of(kind, classes), alpha=0.5, beta=6.0, stride=(8, 16, 32))
     if kind == "pose":
         return _pose_runner(backend, classes, kw)
+    if kind == "seg":
+        if backend == "peer":
+            peer = peer_assigner(kind, classes)
+            if peer is None:
+                return "ultralytics is not installed"
+            return lambda b: peer(*(b[k] for k in INPUTS), **{k: b[k] for k in SEG_INPUTS})
+        return lambda b: api.assign_seg(*(b[k] for k in INPUTS + SEG_INPUTS), backend=backend, **kw)
     if backend == "peer":
         peer = peer_assigner(kind, classes)
         if peer is None:

@@ -133,6 +133,32 @@ def assign_pose(
     )
 
 
+def assign_seg(
+    pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks, *,
+    topk: int = 13, topk2: int | None = None, num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0,
+    eps: float = 1e-9, stride_val: float = 16.0,
+):
+    """The segmentation assignment, ``torch.ops.lucid.assign_seg`` (docs/spec.md, "Segmentation"): ``assign`` for
+    x1y1x2y2 boxes whose overlap is the mean of the box overlap and the mask IoU of each object's min(3 * topk, A) best
+    pairs by box metric. It synchronises once with the device (the masks' decode takes shapes from the chosen pairs).
+
+    Args:
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt: as for ``assign``, boxes (..., 4).
+        pd_coef: (B, A, nm) mask coefficients, any float dtype.
+        mask_scale: (B, 1) float32 or float64, mask pixels per box unit.
+        proto: (B, nm, mh, mw) prototypes, any float dtype.
+        gt_masks: (B, >= M, mh, mw) object masks, bool (or numbers: nonzero is inside).
+
+    Returns:
+        as ``assign``.
+    """
+    _require("assign_seg")
+    return torch.ops.lucid.assign_seg.default(
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
+        int(topk), int(topk2 or topk), int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
+    )
+
+
 if _library.loaded():
 
     @torch.library.register_fake("lucid::points_in_boxes")
@@ -158,6 +184,12 @@ if _library.loaded():
     @torch.library.register_fake("lucid::assign_pose")
     def _assign_pose_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts,
                           gt_kpts, sigmas, topk, topk2, num_classes, alpha, beta, eps, stride_val, level_lo, level_hi):
+        return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
+                            alpha, beta, eps, stride_val)
+
+    @torch.library.register_fake("lucid::assign_seg")
+    def _assign_seg_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
+                         gt_masks, topk, topk2, num_classes, alpha, beta, eps, stride_val):
         return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                             alpha, beta, eps, stride_val)
 

@@ -1,12 +1,13 @@
-"""Make the peer trainer's (ultralytics) detection, OBB and pose losses use lucid-assign's assigners.
+"""Make the peer trainer's (ultralytics) detection, OBB, pose and segmentation losses use lucid-assign's assigners.
 
     from lucid_assign.integrations import ultralytics as lucid_ultralytics
     lucid_ultralytics.patch()      # before the trainer builds its loss (the first training step)
 
-What changes: the names ``TaskAlignedAssigner``, ``RotatedTaskAlignedAssigner`` and ``PoseTaskAlignedAssigner`` of
-``ultralytics.utils.loss``, which ``v8DetectionLoss``, ``v8OBBLoss``, ``PoseLoss26`` and ``E2ELoss`` (YOLO26: one
-assignment with top-k 10 and one with top-k 7 and top-k2 1) instantiate, become ``LucidTaskAlignedAssigner``,
-``LucidRotatedTaskAlignedAssigner`` and ``LucidPoseTaskAlignedAssigner``. Losses built before ``patch()`` keep the
+What changes: the names ``TaskAlignedAssigner``, ``RotatedTaskAlignedAssigner``, ``PoseTaskAlignedAssigner`` and
+``SegTaskAlignedAssigner`` of ``ultralytics.utils.loss``, which ``v8DetectionLoss``, ``v8OBBLoss``, ``PoseLoss26``,
+``SegmentLoss26`` and ``E2ELoss`` (YOLO26: one assignment with top-k 10 and one with top-k 7 and top-k2 1)
+instantiate, become ``LucidTaskAlignedAssigner``, ``LucidRotatedTaskAlignedAssigner``, ``LucidPoseTaskAlignedAssigner``
+and ``LucidSegTaskAlignedAssigner``. Losses built before ``patch()`` keep the
 assigner they have. The speed and memory of the assignment change; its results do not.
 
 - Multi-GPU: the peer trains on several GPUs by writing a script that ``torch.distributed.run`` starts once per GPU;
@@ -23,8 +24,8 @@ assigner they have. The speed and memory of the assignment change; its results d
 - ``LUCID_ASSIGN_VERBOSE=1`` prints, per process, when it is patched and what each patched assigner's first call ran
   (evidence that every rank of a multi-GPU run uses the kernel).
 
-Left on the peer's code, on purpose: the segmentation assigner (``SegTaskAlignedAssigner``), whose overlap is a mask
-IoU; and any call that passes other extra inputs to a patched assigner is handed to the peer's class.
+Left on the peer's code, on purpose: any call that passes other extra inputs to a patched assigner is handed to the
+peer's class.
 
 Nothing is imported from ultralytics until ``patch()`` is called; a missing package or a version whose assigner
 interface differs gives a clear error.
@@ -43,11 +44,12 @@ import torch
 
 from .. import _library, api, reference
 from .. import assigner as _ours
-from ..synthetic import check_batch, pose_batch
+from ..synthetic import check_batch, pose_batch, seg_batch
 
 SUPPORTED_VERSIONS = ("8.4.",)  # versions whose assigner interface and loss wiring were checked
 VERIFIED_VERSION = "8.4.190"  # the version the kernels were shown bit-exact against
-_NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner")
+_NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner")
+_SEG_INPUTS = ("pd_coef", "mask_scale", "proto", "gt_masks")
 _EXPECTED_ARGS = ("topk", "num_classes", "alpha", "beta", "stride", "eps", "topk2")
 VERBOSE_ENV = "LUCID_ASSIGN_VERBOSE"
 
@@ -93,12 +95,16 @@ def _peer():
         if name == "PoseTaskAlignedAssigner":  # sigmas, then the base class's arguments; the strides to forward()
             expected = ("sigmas",)
             ok = issubclass(cls, tal.TaskAlignedAssigner) and "anc_strides" in inspect.signature(cls.forward).parameters
+        elif name == "SegTaskAlignedAssigner":  # the base class's arguments; the mask inputs to pair_overlaps
+            expected = _EXPECTED_ARGS
+            ok = issubclass(cls, tal.TaskAlignedAssigner) and set(_SEG_INPUTS) <= set(
+                inspect.signature(cls.pair_overlaps).parameters)
         else:
             expected, ok = _EXPECTED_ARGS, True
         params = inspect.signature(cls.__init__).parameters
         missing = [p for p in expected if p not in params]
         if missing or not ok:
-            raise RuntimeError(f"ultralytics {version}: {name} lacks the arguments {missing or ['anc_strides']}; "
+            raise RuntimeError(f"ultralytics {version}: {name} lacks the arguments {missing or 'it takes'}; "
                                "cannot patch")
     if not callable(getattr(dist, "generate_ddp_file", None)):
         raise RuntimeError(f"ultralytics {version}: ultralytics.utils.dist has no generate_ddp_file; cannot patch "
@@ -155,16 +161,20 @@ class _Patched:
         backend = os.environ.get(api.ENV_BACKEND) or self.backend
         return "kernel" if backend == "auto" else backend  # "auto" reached here means the kernel could run
 
-    def _fallback_reason(self, pd_scores, pd_bboxes, anc_points, gt_bboxes, pose=None) -> str | None:
+    def _fallback_reason(self, pd_scores, pd_bboxes, anc_points, gt_bboxes, pose=None, seg=None) -> str | None:
         """Why this call goes to the peer (backend "auto" and the kernel cannot take these tensors), or None.
-        ``pose``: the pose tensors (anc_strides, pd_kpts, gt_kpts, sigmas)."""
+        ``pose``: the pose tensors (anc_strides, pd_kpts, gt_kpts, sigmas); ``seg``: the mask tensors (pd_coef,
+        mask_scale, proto, gt_masks)."""
         if (os.environ.get(api.ENV_BACKEND) or self.backend) != "auto":
             return None
-        if not all(isinstance(t, torch.Tensor) for t in (pd_scores, pd_bboxes, anc_points, gt_bboxes, *(pose or ()))):
+        extra = (*(pose or ()), *(seg or ()))
+        if not all(isinstance(t, torch.Tensor) for t in (pd_scores, pd_bboxes, anc_points, gt_bboxes, *extra)):
             return None  # the module's checks name the argument
         why = api.kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes)
         if why is None and pose is not None and pose[2].dim() == 4:
-            why = api.pose_unsupported(pd_scores.device.type, gt_bboxes.dtype, api._pose_key(*pose))
+            why = api.extra_unsupported(pd_scores.device.type, gt_bboxes.dtype, api._pose_key(*pose))
+        if why is None and seg is not None:
+            why = api.extra_unsupported(pd_scores.device.type, gt_bboxes.dtype, api._seg_key(*seg))
         if why is not None:
             _say_once(f"lucid-assign: the patched {self.peer_name} cannot run its kernel here ({why}), so these calls "
                       f"go to ultralytics' own assigner, at its speed. Fix: "
@@ -207,9 +217,29 @@ class LucidPoseTaskAlignedAssigner(_Patched, _ours.PoseTaskAlignedAssigner):
         return out
 
 
+class LucidSegTaskAlignedAssigner(_Patched, _ours.SegTaskAlignedAssigner):
+    """``ultralytics.utils.loss.SegTaskAlignedAssigner`` while patched."""
+
+    peer_name = "SegTaskAlignedAssigner"
+
+    def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
+        args = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+        if set(extra) != set(_SEG_INPUTS):  # not the peer's segmentation loss: the peer's class says what it makes of it
+            return self.peer()(*args, **extra)
+        seg = tuple(extra[k] for k in _SEG_INPUTS)
+        ran = self._fallback_reason(pd_scores, pd_bboxes, anc_points, gt_bboxes, seg=seg)
+        if ran is not None:
+            out = self.peer()(*args, **extra)
+        else:
+            out = _ours.SegTaskAlignedAssigner.forward(self, *args, *seg)
+        self._note_first_call(pd_scores, ran)
+        return out
+
+
 _PATCHED = {"TaskAlignedAssigner": LucidTaskAlignedAssigner,
             "RotatedTaskAlignedAssigner": LucidRotatedTaskAlignedAssigner,
-            "PoseTaskAlignedAssigner": LucidPoseTaskAlignedAssigner}
+            "PoseTaskAlignedAssigner": LucidPoseTaskAlignedAssigner,
+            "SegTaskAlignedAssigner": LucidSegTaskAlignedAssigner}
 
 
 def _say_once(msg: str) -> None:
@@ -262,6 +292,27 @@ def _pose_check_batches():
         yield inputs, kpts, batch["sigmas"], kw
 
 
+def _seg_check_batches():
+    """The built-in segmentation check batch (synthetic.seg_batch: overlapping, empty and box-filling masks, empty
+    predicted masks), with the settings of the peer's segmentation losses."""
+    batch = seg_batch(batch=2, img_size=128, num_classes=5, objects=(6, 16), mask_dim=8, seed=3)
+    inputs = [batch[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")]
+    masks = {k: batch[k] for k in _SEG_INPUTS}
+    for topk, topk2 in ((10, None), (7, 1)):
+        yield inputs, masks, dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0, stride=batch["stride"])
+
+
+@contextlib.contextmanager
+def _tensor_topk_ties_low():
+    """Tensor.topk with ties to the lower index, for the block (the peer's segmentation assigner calls the method)."""
+    saved = torch.Tensor.topk
+    torch.Tensor.topk = lambda self, *args, **kwargs: _topk_lower_index(self, *args, **kwargs)
+    try:
+        yield
+    finally:
+        torch.Tensor.topk = saved
+
+
 def self_check(tal=None) -> str | None:
     """Run the peer's assigners (module ``tal``) and lucid-assign's reference on the built-in batches on the CPU,
     ties to the lower index; return None when every output is equal bit for bit, else what differs."""
@@ -278,6 +329,13 @@ def self_check(tal=None) -> str | None:
             ours = reference.assign_pose(*inputs, kpts["pd_kpts"], kpts["gt_kpts"], sigmas, **kw)
             yield "PoseTaskAlignedAssigner", kw, ours, theirs
 
+    def seg_runs():
+        for inputs, masks, kw in _seg_check_batches():
+            with torch.no_grad(), _tensor_topk_ties_low():
+                theirs = tal.SegTaskAlignedAssigner(**kw)(*inputs, **masks)
+            ours = reference.assign_seg(*inputs, *masks.values(), **kw)
+            yield "SegTaskAlignedAssigner", kw, ours, theirs
+
     def box_runs():
         for name, inputs, kw in _check_batches():
             peer = getattr(tal, name)(**kw)
@@ -286,7 +344,7 @@ def self_check(tal=None) -> str | None:
             yield name, kw, reference.assign(*inputs, **kw), theirs
 
     try:
-        for name, kw, ours, theirs in (*box_runs(), *pose_runs()):
+        for name, kw, ours, theirs in (*box_runs(), *pose_runs(), *seg_runs()):
             for out, a, b in zip(names, ours, theirs):
                 if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
                     return (f"{name}(topk={kw['topk']}, topk2={kw['topk2']}): {out} differs "
@@ -331,8 +389,8 @@ def _rank_patched(generate_ddp_file):
 
 
 def patch(backend: str = "auto") -> None:
-    """Make the peer's detection, OBB and pose losses, in this process and in the ranks of a multi-GPU run it launches,
-    build lucid-assign's assigners. Calling it again is harmless (the latest ``backend`` applies).
+    """Make the peer's detection, OBB, pose and segmentation losses, in this process and in the ranks of a multi-GPU
+    run it launches, build lucid-assign's assigners. Calling it again is harmless (the latest ``backend`` applies).
 
     Raises ``PeerMismatchError`` when the installed peer's assigners give other results than lucid-assign's on the
     built-in check batch, and ``RuntimeError`` for ``backend="kernel"`` when the compiled library is not loaded."""
