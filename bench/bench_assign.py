@@ -6,7 +6,8 @@
 
 Cases: HBB at 640 px (8,400 anchors, 80 classes) and OBB at 1024 px (21,504 anchors, 15 classes); batch 1 and 16;
 10, 50, 200, 1,000 and 2,000 objects per image; and for ``assign`` the pose assignment (HBB at 640 px, 17 keypoints;
-20 and 100 people per image). Backends: the reference, the compiled kernel, and for ``assign`` the
+20 and 100 people per image) and the segmentation assignment (HBB at 640 px, masks at 160 x 160; 20 and 100 objects
+per image). Backends: the reference, the compiled kernel, and for ``assign`` the
 peer (ultralytics) when installed. On CUDA each timed call synchronises; calls rotate over three copies of the
 inputs so caches do not flatter; the peak memory of one call is in ``extra_info``. Dense backends are skipped (with
 the reason) where their (B, M, A) tensors would not fit: see lucid_assign.bench.DENSE_CPU_LIMIT.
@@ -22,6 +23,7 @@ from lucid_assign import bench as B
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CASES = [(kind, batch, objects) for kind in ("hbb", "obb") for batch in (1, 16) for objects in (10, 50, 200, 1000, 2000)]
 POSE_CASES = [("pose", batch, objects) for batch in (1, 16) for objects in (20, 100)]
+SEG_CASES = [("seg", batch, objects) for batch in (1, 16) for objects in (20, 100)]
 PASSES = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts")
 
 
@@ -47,7 +49,7 @@ def _run(benchmark, fns, device, group):
 
 
 @pytest.mark.parametrize("kind, batch, objects, device, what, backend",
-                         _params(("reference", "kernel", "peer"), cases=CASES + POSE_CASES))
+                         _params(("reference", "kernel", "peer"), cases=CASES + POSE_CASES + SEG_CASES))
 def test_assign(benchmark, kind, batch, objects, device, what, backend):
     copies = B.scene(kind, batch, objects, device, copies=3)
     anchors = copies[0]["anc_points"].shape[0]

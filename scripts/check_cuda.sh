@@ -5,8 +5,8 @@
 #   test      the test suite, CUDA tests included; a library that does not load fails instead of skipping
 #   sanitize  compute-sanitizer: memcheck over the CUDA tests marked for it, racecheck and initcheck over
 #             scripts/sanitize_assign.py (the compiled op alone)
-#   bench     the benchmark (OBB at 10 to 2,000 objects per image, HBB at 100, pose at 20 and 100, the dense presets;
-#             with the peer when it is installed) and the per-kernel profile (bench/profile_cuda.py)
+#   bench     the benchmark (OBB at 10 to 2,000 objects per image, HBB at 100, pose and seg at 20 and 100, the dense
+#             presets; with the peer when it is installed) and the per-kernel profile (bench/profile_cuda.py)
 # Usage: bash scripts/check_cuda.sh [STAGE...] (default: all four, in that order; it stops at the first failure).
 # Logs and JSON go to $OUT (default: cuda-check/ in the repository); PYTEST_ARGS go to pytest.
 set -euo pipefail
@@ -47,7 +47,7 @@ for stage in "${STAGES[@]}"; do
       "$PY" -m pytest tests -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -15
       ;;
     sanitize)
-      sanitize memcheck "$PY" -m pytest tests/test_cuda.py -k sanitize -q -p no:cacheprovider
+      sanitize memcheck "$PY" -m pytest tests/test_cuda.py tests/test_seg.py -k sanitize -q -p no:cacheprovider
       sanitize racecheck "$PY" scripts/sanitize_assign.py
       sanitize initcheck "$PY" scripts/sanitize_assign.py
       ;;
@@ -58,6 +58,8 @@ for stage in "${STAGES[@]}"; do
         --out "$OUT/bench_hbb.json" 2>&1 | tail -4
       "$PY" -m lucid_assign bench --kind pose --batch 16 --objects 20 100 --device cuda --no-progress \
         --out "$OUT/bench_pose.json" 2>&1 | tail -7
+      "$PY" -m lucid_assign bench --kind seg --batch 16 --objects 20 100 --device cuda --no-progress \
+        --out "$OUT/bench_seg.json" 2>&1 | tail -7
       for preset in dense-obb xview; do
         "$PY" -m lucid_assign bench --preset "$preset" --device cuda --backends kernel,peer --no-progress \
           --out "$OUT/bench_$preset.json" 2>&1 | tail -4

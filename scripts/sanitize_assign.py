@@ -4,8 +4,9 @@ kernels make racecheck slow. Covers HBB and OBB, fp32 and bf16 scores, K2 != K, 
 the big-row kernel, the recompute walk at 1280 px, the sorted medium rows at 1920 px, non-finite boxes, rows about the warp's cap of 64), bf16 anchors,
 rows owning more than 32 anchors in the second top-k, 5,000 objects per image, dense scenes (thousands of small
 objects, conflicts among thousands of rows, all-zero and NaN overlaps) and every odd input of docs/odd-inputs.md;
-and the pose assignment (assign_pose): the trainer's dtypes, every keypoint count's tree width, the gate's edges,
-rows the gate would starve, 300 people per image and its odd inputs.
+the pose assignment (assign_pose): the trainer's dtypes, every keypoint count's tree width, the gate's edges,
+rows the gate would starve, 300 people per image and its odd inputs; and the segmentation assignment (assign_seg): the
+trainer's dtypes, several decode chunks, 300 objects per image and its odd inputs.
 
     compute-sanitizer --tool initcheck --error-exitcode 9 python3 scripts/sanitize_assign.py
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_assign.py
@@ -25,6 +26,7 @@ from test_cuda_rows import MIXED, NEAR_WARP_CAP, scene  # noqa: E402
 from test_dense_scenes import crowd  # noqa: E402
 from test_hardening import _cases  # noqa: E402
 from test_pose import ODD, gate_edge_problem, odd, problem, starved_problem  # noqa: E402
+import test_seg  # noqa: E402
 
 from lucid_assign import ops  # noqa: E402
 from lucid_assign.synthetic import dense_batch  # noqa: E402
@@ -86,6 +88,21 @@ def main():
     if not args.no_odd:
         for case in ODD:
             run_pose(odd(case, "cpu"), num_classes=3, topk=10, topk2=3)
+    def run_seg(x, **kw):
+        nonlocal calls
+        ops.assign_seg(*[t.to(dev) for t in x], stride_val=16.0, **kw)
+        calls += 1
+
+    for trainer_dtypes in (False, True):
+        run_seg(test_seg.problem(1, trainer_dtypes=trainer_dtypes), num_classes=3, topk=10)
+        run_seg(test_seg.problem(2, trainer_dtypes=trainer_dtypes), num_classes=3, topk=7, topk2=1)
+    run_seg(test_seg.problem(14, batch=3, img_size=640, objects=(80, 100)), num_classes=3, topk=40)
+    run_seg(test_seg.problem(13, batch=2, img_size=640, objects=(250, 300), num_classes=5, mask_dim=16), num_classes=5,
+            topk=10, topk2=3)
+    if not args.no_odd:
+        for case in test_seg.ODD:
+            if case != "float64" or dev == "cpu":
+                run_seg(test_seg.odd(case, "cpu"), num_classes=3, topk=10, topk2=3)
     # 5,000 objects per image, with and without a second top-k (tests/test_hardening.py)
     many = make_problem(7, True, batch=1, n_boxes=5000, pad_rows=100, img_size=64)
     run(many, num_classes=7, topk=10)

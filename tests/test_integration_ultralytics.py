@@ -32,7 +32,9 @@ def integ(peer_tal):
 
 
 def _batch(step, obb):
-    """obb: True (oriented boxes), False (boxes) or "pose" (boxes and 17 keypoints, some invisible)."""
+    """obb: True (oriented boxes), False (boxes), "pose" (boxes and 17 keypoints, some invisible) or "seg" (boxes and
+    masks: per image a 16 x 16 map of 1 + the object drawn at each pixel, the larger first, as the peer's loader gives
+    them with overlap_mask, and the pixels' classes)."""
     g = torch.Generator().manual_seed(100 + step)
     n = [int(torch.randint(1, 5, (1,), generator=g)) for _ in range(2)]
     idx = torch.cat([torch.full((k,), float(b)) for b, k in enumerate(n)])
@@ -49,17 +51,28 @@ def _batch(step, obb):
         vis = (torch.rand(total, 17, 1, generator=g) < 0.7).float() * 2
         vis[0] = 0  # an object without visible keypoints keeps the box overlap
         batch["keypoints"] = torch.cat((kxy * (vis > 0), vis), -1)
+    if obb == "seg":
+        centre = (torch.arange(16) + 0.5) / 16
+        masks, sem = torch.zeros(2, 16, 16), torch.zeros(2, 16, 16, dtype=torch.long)
+        for i in (wh.prod(1)).argsort(descending=True).tolist():
+            b, k = int(idx[i]), i - sum(n[: int(idx[i])])
+            inside = ((centre[None] - xy[i, 0]) / wh[i, 0] * 2) ** 2 + ((centre[:, None] - xy[i, 1]) / wh[i, 1] * 2) ** 2
+            masks[b][inside <= 1] = k + 1
+            sem[b][inside <= 1] = int(batch["cls"][i])
+        batch["masks"], batch["sem_masks"] = masks, sem
     return batch
 
 
 def _train(obb, context, steps=3):
     from ultralytics.cfg import get_cfg
-    from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel
+    from ultralytics.nn.tasks import DetectionModel, OBBModel, PoseModel, SegmentationModel
     from ultralytics.utils import DEFAULT_CFG
 
     torch.manual_seed(0)
     if obb == "pose":
         model = PoseModel("yolo26n-pose.yaml", nc=3, data_kpt_shape=(17, 3), verbose=False)
+    elif obb == "seg":
+        model = SegmentationModel("yolo26n-seg.yaml", nc=3, verbose=False)
     else:
         model = (OBBModel("yolo26n-obb.yaml", nc=3, verbose=False) if obb
                  else DetectionModel("yolo26n.yaml", nc=3, verbose=False))
@@ -84,7 +97,7 @@ def _assigners(model):
     return [p.assigner for p in parts]
 
 
-@pytest.mark.parametrize("obb", [False, True, "pose"], ids=["detect", "obb", "pose"])
+@pytest.mark.parametrize("obb", [False, True, "pose", "seg"], ids=["detect", "obb", "pose", "seg"])
 def test_training_identical_with_and_without_patch(integ, obb):
     base, base_state, base_kinds = _train(obb, lower_index_topk("cpu"))
     ours, ours_state, ours_kinds = _train(obb, integ.patched("reference"))
@@ -95,7 +108,7 @@ def test_training_identical_with_and_without_patch(integ, obb):
         assert torch.equal(base_state[k], ours_state[k]), k
 
 
-@pytest.mark.parametrize("obb", [False, True, "pose"], ids=["detect", "obb", "pose"])
+@pytest.mark.parametrize("obb", [False, True, "pose", "seg"], ids=["detect", "obb", "pose", "seg"])
 def test_training_with_the_cpu_kernel(library, integ, obb, monkeypatch):
     """Each assignment of three training steps (two per step: YOLO26's one-to-many and one-to-one) against the
     reference on that call's inputs."""
@@ -113,7 +126,7 @@ def test_training_with_the_cpu_kernel(library, integ, obb, monkeypatch):
         return call
 
     for cls in (integ.LucidTaskAlignedAssigner, integ.LucidRotatedTaskAlignedAssigner,
-                integ.LucidPoseTaskAlignedAssigner):
+                integ.LucidPoseTaskAlignedAssigner, integ.LucidSegTaskAlignedAssigner):
         monkeypatch.setattr(cls, "forward", recording(cls.forward))
     _, _, kinds = _train(obb, integ.patched("kernel"))
     assert all(k.startswith("Lucid") for k in kinds)
@@ -126,6 +139,11 @@ def test_training_with_the_cpu_kernel(library, integ, obb, monkeypatch):
             want = reference.assign_pose(*inputs, extra["anc_strides"], extra["pd_kpts"], extra["gt_kpts"],
                                          assigner.sigmas, **kw)
             assert_kernel_matches(got, want, "cpu", 17, case=f"call {i} (topk {assigner.topk})")
+        elif obb == "seg":
+            assert set(extra) == {"pd_coef", "mask_scale", "proto", "gt_masks"}  # the seg loss passes them by name
+            want = reference.assign_seg(*inputs, *(extra[k] for k in ("pd_coef", "mask_scale", "proto", "gt_masks")),
+                                        **kw)
+            assert_matches_reference(got, want, exact_scores=False, case=f"call {i} (topk {assigner.topk})")
         else:
             want = reference.assign(*inputs, **kw)
             assert_matches_reference(got, want, exact_scores=False, case=f"call {i} (topk {assigner.topk})")
@@ -135,11 +153,14 @@ def test_patch_unpatch_restore_the_peer(integ):
     from ultralytics.utils import dist, loss
 
     before = (loss.TaskAlignedAssigner, loss.RotatedTaskAlignedAssigner, dist.generate_ddp_file,
-              loss.PoseTaskAlignedAssigner)
+              loss.PoseTaskAlignedAssigner, loss.SegTaskAlignedAssigner)
     integ.patch()
     integ.patch()  # twice is harmless
     assert integ.is_patched() and loss.TaskAlignedAssigner is integ.LucidTaskAlignedAssigner
     assert loss.PoseTaskAlignedAssigner is integ.LucidPoseTaskAlignedAssigner
+    assert loss.SegTaskAlignedAssigner is integ.LucidSegTaskAlignedAssigner
+    s = loss.SegTaskAlignedAssigner(topk=7, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32], topk2=1)
+    assert (s.topk, s.topk2, s.backend) == (7, 1, "auto") and type(s.peer()) is before[4]
     sigmas = torch.full((17,), 0.05)
     p = loss.PoseTaskAlignedAssigner(sigmas, topk=7, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32], topk2=1)
     assert (p.topk, p.topk2, p.sigmas is sigmas, p.backend) == (7, 1, True, "auto")
@@ -152,7 +173,7 @@ def test_patch_unpatch_restore_the_peer(integ):
     integ.unpatch()
     integ.unpatch()
     assert (loss.TaskAlignedAssigner, loss.RotatedTaskAlignedAssigner, dist.generate_ddp_file,
-            loss.PoseTaskAlignedAssigner) == before
+            loss.PoseTaskAlignedAssigner, loss.SegTaskAlignedAssigner) == before
     assert not integ.is_patched()
     with integ.patched():
         assert loss.TaskAlignedAssigner is not before[0]
@@ -330,3 +351,24 @@ def test_imports_nothing_until_called():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "pip install 'lucid-assign[ultralytics]'" in out.stdout
+
+
+def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, library):
+    """A float16 mask_scale: not a kernel's dtype; the call runs the peer's own segmentation assigner, said once."""
+    from test_seg import SEG, problem
+
+    from ultralytics.utils import loss
+
+    inputs = problem(30)
+    inputs[7] = inputs[7].half()
+    integ.patch()
+    kw = dict(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    ours = loss.SegTaskAlignedAssigner(**kw)
+    masks = dict(zip(SEG, inputs[6:]))
+    with pytest.warns(integ.FallbackWarning, match=r"cannot run its kernel here \(.*mask_scale"):
+        ours(*inputs[:6], **masks)
+    with lower_index_topk("cpu"):
+        got = ours(*inputs[:6], **masks)
+        want = peer_tal.SegTaskAlignedAssigner(**kw)(*inputs[:6], **masks)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)

@@ -1,0 +1,410 @@
+"""The segmentation assignment (docs/spec.md, "Segmentation"): the reference against the peer's SegTaskAlignedAssigner
+(ultralytics 8.4.190) and the kernels against the reference, on every device; on CUDA the kernel against the peer
+directly, in the training case (bfloat16 under autocast).
+
+On the CPU the peer runs with ties to the lower index (test_reference_vs_peer.py). The CPU kernel's overlaps are the
+reference's bits (the box overlap, pixel counts, the mean), its metric's power is the C library's: its scores are
+compared to the reference's within the relative 1e-6 of docs/spec.md, its discrete outputs exactly.
+"""
+
+import contextlib
+
+import pytest
+import torch
+
+import lucid_assign
+from lucid_assign import api, ops, reference
+from lucid_assign.synthetic import seg_batch
+
+from cases import STRIDES
+from conftest import devices
+from test_reference_vs_peer import lower_index_topk
+
+BOX = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+SEG = ("pd_coef", "mask_scale", "proto", "gt_masks")
+DISCRETE = {0: "target_labels", 1: "target_bboxes", 3: "fg_mask", 4: "target_gt_idx"}
+STRIDE_VAL = reference.stride_value(STRIDES)
+
+
+def problem(seed, batch=2, img_size=160, objects=(4, 20), num_classes=3, mask_dim=8, trainer_dtypes=False,
+            device="cpu"):
+    """The ten inputs of assign_seg. trainer_dtypes: as the peer trainer passes them under bf16 autocast (scores,
+    anchors, mask coefficients and prototypes bfloat16)."""
+    b = seg_batch(batch=batch, img_size=img_size, objects=objects, num_classes=num_classes, mask_dim=mask_dim,
+                  seed=seed)
+    if trainer_dtypes:
+        for k in ("pd_scores", "anc_points", "pd_coef", "proto"):
+            b[k] = b[k].to(torch.bfloat16)
+    return [b[k].to(device) for k in BOX + SEG]
+
+
+def autocast(device, on):
+    """The trainer's context: CUDA autocast to bfloat16 (the metric's power in float32, the decode in bfloat16)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if on and device == "cuda" else contextlib.nullcontext()
+
+
+def run_peer(tal, device, inputs, amp=False, **kw):
+    peer = tal.SegTaskAlignedAssigner(stride=list(STRIDES), **kw)
+    with lower_index_topk(device), autocast(device, amp):
+        return peer(*inputs[:6], **dict(zip(SEG, inputs[6:])))
+
+
+def run_kernel(inputs, amp=False, **kw):
+    with autocast(inputs[0].device.type, amp):
+        return ops.assign_seg(*inputs, stride_val=STRIDE_VAL, **kw)
+
+
+def run_reference(inputs, amp=False, **kw):
+    with autocast(inputs[0].device.type, amp):
+        return reference.assign_seg(*inputs, stride=STRIDES, **kw)
+
+
+def assert_equal(ours, theirs, case=""):
+    """Every output equal bit for bit (NaN where the other has NaN)."""
+    for name, a, b in zip(("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx"), ours,
+                          theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{case} {name}: {a.dtype}{tuple(a.shape)}"
+        if a.is_floating_point():
+            assert torch.equal(a.isnan(), b.isnan()), f"{case} {name}: NaN pattern differs"
+            a, b = a.nan_to_num(0.0), b.nan_to_num(0.0)
+        diff = (a != b).sum().item()
+        assert diff == 0, f"{case} {name}: {diff} elements differ"
+
+
+def assert_kernel_matches(got, want, device, case=""):
+    """Bit for bit on CUDA; on the CPU the discrete outputs exactly and the scores to a relative 1e-6."""
+    if device == "cuda":
+        assert_equal(got, want, case)
+        return
+    for i, name in DISCRETE.items():
+        assert got[i].dtype == want[i].dtype, f"{case} {name}: dtype"
+        diff = (got[i] != want[i]).sum().item()
+        assert diff == 0, f"{case} {name}: {diff} elements differ from the reference"
+    gs, ws = got[2], want[2]
+    assert gs.dtype == ws.dtype and gs.shape == ws.shape
+    nan = ws.isnan()
+    assert torch.equal(gs.isnan(), nan), f"{case} target_scores: NaN pattern differs"
+    gs, ws = gs.masked_fill(nan, 0), ws.masked_fill(nan, 0)
+    assert torch.equal(gs != 0, ws != 0), f"{case} target_scores: nonzero pattern differs"
+    rel = ((gs - ws).abs() / ws.abs().clamp(min=torch.finfo(ws.dtype).tiny)).max().item() if ws.numel() else 0
+    assert rel <= 1e-6, f"{case} target_scores: relative difference {rel:.3g}"
+
+
+def mask_ious_used(inputs, **kw):
+    """How many chosen pairs get a nonzero mask IoU (the case must exercise the masks, not only boxes)."""
+    seen = []
+    original = reference.SegInputs.mask_ious
+
+    def spy(self, *args):
+        out = original(self, *args)
+        seen.append(int((out > 0).sum()))
+        return out
+
+    reference.SegInputs.mask_ious = spy
+    try:
+        reference.assign_seg(*[t.cpu() for t in inputs], stride=STRIDES, **kw)
+    finally:
+        reference.SegInputs.mask_ious = original
+    return sum(seen)
+
+
+SETTINGS = [dict(topk=10, topk2=None, alpha=0.5), dict(topk=7, topk2=1, alpha=0.5), dict(topk=13, topk2=4, alpha=1.0)]
+SETTING_IDS = ["k10", "k7k2_1", "k13k2_4"]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("setting", SETTINGS, ids=SETTING_IDS)
+@pytest.mark.parametrize("trainer_dtypes", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("seed", range(3))
+def test_reference_matches_peer(peer_tal, device, setting, trainer_dtypes, seed):
+    inputs = problem(seed, trainer_dtypes=trainer_dtypes, device=device)
+    kw = dict(num_classes=3, beta=6.0, **setting)
+    ours = run_reference(inputs, amp=trainer_dtypes, **kw)
+    assert_equal(ours, run_peer(peer_tal, device, inputs, amp=trainer_dtypes, **kw), f"seed={seed}")
+    assert ours[3].any()
+
+
+def test_the_masks_change_the_assignment():
+    """The case is a segmentation case: mask IoUs are nonzero and the result differs from the box assignment's."""
+    inputs = problem(0)
+    kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
+    assert mask_ious_used(inputs, **kw) > 20
+    seg = run_reference(inputs, **kw)
+    box = reference.assign(*inputs[:6], stride=STRIDES, **kw)
+    assert not torch.equal(seg[2], box[2]) and not torch.equal(seg[3], box[3])
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("setting", SETTINGS, ids=SETTING_IDS)
+@pytest.mark.parametrize("trainer_dtypes", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("seed", range(3))
+def test_kernel_matches_reference(library, device, setting, trainer_dtypes, seed):
+    inputs = problem(seed, trainer_dtypes=trainer_dtypes, device=device)
+    kw = dict(num_classes=3, beta=6.0, **setting)
+    assert_kernel_matches(run_kernel(inputs, amp=trainer_dtypes, **kw),
+                          run_reference(inputs, amp=trainer_dtypes, **kw), device, f"seed={seed}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("setting", SETTINGS[:2], ids=SETTING_IDS[:2])
+@pytest.mark.parametrize("objects", [(20, 20), (100, 100)], ids=["m20", "m100"])
+def test_kernel_matches_peer_on_cuda(peer_tal, library, setting, objects):
+    """The training case: batch 16 at 640 px, 80 classes, 32 prototypes at 160 x 160, the trainer's dtypes under
+    autocast, the peer unpatched on CUDA."""
+    inputs = problem(4, batch=16, img_size=640, objects=objects, num_classes=80, mask_dim=32, trainer_dtypes=True,
+                     device="cuda")
+    kw = dict(num_classes=80, beta=6.0, **setting)
+    module = lucid_assign.SegTaskAlignedAssigner(stride=list(STRIDES), backend="kernel", **kw)
+    with autocast("cuda", True):
+        ours = module(*inputs[:6], **dict(zip(SEG, inputs[6:])))
+    assert_equal(ours, run_peer(peer_tal, "cuda", inputs, amp=True, **kw))
+
+
+@pytest.mark.cuda
+def test_autocast_casts_the_decode(peer_tal, library):
+    """float32 coefficients and prototypes under bf16 autocast: the decode runs in bfloat16, as the peer's does (and
+    differs from the float32 decode outside autocast)."""
+    inputs = problem(5, batch=4, img_size=320, objects=(30, 40), mask_dim=32, device="cuda")
+    kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
+    assert_equal(run_kernel(inputs, amp=True, **kw), run_peer(peer_tal, "cuda", inputs, amp=True, **kw))
+    assert_equal(run_kernel(inputs, **kw), run_peer(peer_tal, "cuda", inputs, **kw))
+
+
+def odd(case, device):
+    """Odd and edge inputs, each defined in docs/odd-inputs.md: the results are the reference's (equal to the peer's)."""
+    inputs = problem(11, objects=(10, 16), device=device)
+    pd, gt, coef, scale, proto, masks = (inputs[i].clone() for i in (1, 4, 6, 7, 8, 9))
+    if case == "empty_object_masks":
+        masks[:] = False
+    elif case == "empty_predicted_masks":  # every decoded value exactly 0: no pixel is > 0
+        coef[:] = 0.0
+    elif case == "full_predicted_masks":  # every decoded value > 0: the predicted mask is its box's crop
+        coef, proto = coef.abs() + 0.01, proto.abs() + 0.01
+    elif case == "tiny_objects":  # 0.5-3 px objects and predictions: crops of a pixel or none
+        c = (gt[..., :2] + gt[..., 2:]) / 2
+        side = 0.5 + torch.rand(gt.shape[:2] + (1,), generator=torch.Generator().manual_seed(1)).to(device) * 2.5
+        gt = torch.cat((c - side / 2, c + side / 2), -1)
+        pc = (pd[..., :2] + pd[..., 2:]) / 2
+        pd = torch.cat((pc - 1, pc + 1), -1)
+    elif case == "image_sized_objects":  # objects and predictions covering the image and beyond: crops clamp
+        gt[:, :4] = torch.tensor([-20.0, -10.0, 170.0, 165.0], device=device)
+        masks[:, :4] = True
+        pd[:, ::3] = torch.tensor([-50.0, -50.0, 300.0, 300.0], device=device)
+    elif case == "predictions_outside_the_image":  # empty crops
+        pd[:, 1::2] -= 400.0
+    elif case == "nan_predicted_box":  # NaN overlap and metric: chosen first, an empty crop, NaN overlap
+        pd[0, 100:140, 1] = float("nan")
+    elif case == "nan_coefficients":  # NaN > 0 is false: empty predicted masks
+        coef[1, :300] = float("nan")
+    elif case == "zero_mask_scale":  # every crop empty
+        scale[:] = 0.0
+    elif case == "number_masks":  # uint8 0/1 masks: nonzero is inside
+        masks = masks.to(torch.uint8)
+    elif case == "more_mask_rows":  # gt_masks with more rows than the boxes (the peer's loss may pass such)
+        masks = torch.cat((masks, masks[:, :3]), 1)
+    elif case == "float64":  # float64 boxes, scores and masks (the CPU kernel's other dtype)
+        inputs = [t.double() if t.is_floating_point() else t for t in inputs]
+        pd, gt, coef, scale, proto = (inputs[i].clone() for i in (1, 4, 6, 7, 8))
+    else:
+        raise AssertionError(case)
+    inputs[1], inputs[4], inputs[6], inputs[7], inputs[8], inputs[9] = pd, gt, coef, scale, proto, masks
+    return inputs
+
+
+ODD = ["empty_object_masks", "empty_predicted_masks", "full_predicted_masks", "tiny_objects", "image_sized_objects",
+       "predictions_outside_the_image", "nan_predicted_box", "nan_coefficients", "zero_mask_scale", "number_masks",
+       "more_mask_rows", "float64"]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("case", ODD)
+def test_odd_inputs(peer_tal, library, device, case):
+    inputs = odd(case, device)
+    if case == "float64" and device == "cuda":
+        pytest.skip("the CUDA kernel takes float32 boxes")
+    kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
+    want = run_reference(inputs, **kw)
+    assert_equal(want, run_peer(peer_tal, device, inputs, **kw), case)
+    assert_kernel_matches(run_kernel(inputs, **kw), want, device, case)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_overlapping_masks(peer_tal, library, device):
+    """Objects stacked on one another with overlapping masks: pairs that share anchors and pixels."""
+    inputs = problem(12, objects=(12, 12), device=device)
+    gt, masks = inputs[4].clone(), inputs[9].clone()
+    gt[:, 6:12] = gt[:, 0:6] + 3.0
+    masks[:, 6:12] = masks[:, 0:6].roll(1, -1)
+    inputs[4], inputs[9] = gt, masks
+    assert (masks[:, 6:12] & masks[:, 0:6]).any()
+    kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
+    want = run_reference(inputs, **kw)
+    assert_equal(want, run_peer(peer_tal, device, inputs, **kw))
+    assert_kernel_matches(run_kernel(inputs, **kw), want, device)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_many_objects(library, device):
+    """300 objects per image at 640 px: long candidate lists, many chosen pairs per image, rows taken by blocks on
+    CUDA."""
+    inputs = problem(13, batch=2, img_size=640, objects=(250, 300), num_classes=5, mask_dim=16, device=device)
+    kw = dict(num_classes=5, topk=10, alpha=0.5, beta=6.0)
+    assert_kernel_matches(run_kernel(inputs, **kw), run_reference(inputs, **kw), device)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_large_topk_and_chunks(peer_tal, library, device):
+    """topk 40 (120 pairs a row) with 80-100 objects at 640 px: thousands of chosen anchors an image, so that an
+    image's decode exceeds half a chunk (2^27 values) and each chunk holds one image."""
+    inputs = problem(14, batch=3, img_size=640, objects=(80, 100), device=device)
+    kw = dict(num_classes=3, topk=40, alpha=0.5, beta=6.0)
+    want = run_reference(inputs, **kw)
+    assert_equal(want, run_peer(peer_tal, device, inputs, **kw))
+    assert_kernel_matches(run_kernel(inputs, **kw), want, device)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_no_objects_and_padding(peer_tal, library, device):
+    inputs = problem(15, device=device)
+    empty = list(inputs)
+    empty[3], empty[4], empty[5] = (t[:, :0] for t in (inputs[3], inputs[4], inputs[5]))
+    kw = dict(num_classes=3, topk=10)
+    got = run_kernel(empty, **kw)
+    assert (got[0] == 3).all() and not got[3].any() and not got[2].any()
+    padded = list(inputs)
+    padded[5] = torch.zeros_like(inputs[5])
+    want = run_reference(padded, **kw)
+    assert_equal(want, run_peer(peer_tal, device, padded, **kw))
+    assert_kernel_matches(run_kernel(padded, **kw), want, device)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_inputs_not_modified(library, device):
+    inputs = problem(16, trainer_dtypes=True, device=device)
+    before = [t.clone() for t in inputs]
+    run_kernel(inputs, num_classes=3, topk=7, topk2=3)
+    api.assign_seg(*inputs, num_classes=3, topk=7, topk2=3, backend="reference")
+    for a, b in zip(inputs, before):
+        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (lambda x: x.__setitem__(6, x[6][..., :3]), "pd_coef must have shape"),
+        (lambda x: x.__setitem__(7, x[7][:1]), "mask_scale must have shape"),
+        (lambda x: x.__setitem__(8, x[8][..., :5]), "gt_masks must be"),
+        (lambda x: x.__setitem__(9, x[9][:, :1]), "gt_masks must be"),
+        (lambda x: x.__setitem__(8, x[8][0]), "proto must be"),
+        (lambda x: x.__setitem__(7, x[7].long()), "mask_scale must be a floating-point"),
+        (lambda x: x.__setitem__(8, x[8].double()), "pd_coef and proto must have one dtype"),
+        (lambda x: x.__setitem__(9, x[9].tolist()), "gt_masks must be a torch.Tensor"),
+    ],
+    ids=["pd_coef", "mask_scale", "mask_size", "mask_rows", "proto", "scale_dtype", "mixed_dtypes", "masks_type"],
+)
+def test_bad_inputs_name_the_argument(change, match):
+    inputs = problem(17)
+    change(inputs)
+    with pytest.raises((ValueError, TypeError), match=match):
+        api.assign_seg(*inputs, num_classes=3, topk=10)
+
+
+def test_the_kernels_check_their_arguments(library):
+    inputs = problem(18)
+    bad = list(inputs)
+    bad[9] = inputs[9][..., :5]
+    with pytest.raises(RuntimeError, match="gt_masks must be"):
+        run_kernel(bad, num_classes=3, topk=10)
+    bad = list(inputs)
+    bad[7] = inputs[7].half()
+    with pytest.raises(RuntimeError, match="mask_scale must be float32 or float64"):
+        run_kernel(bad, num_classes=3, topk=10)
+    bad = list(inputs)
+    bad[1] = torch.cat((inputs[1], torch.zeros_like(inputs[1][..., :1])), -1)
+    bad[4] = torch.cat((inputs[4], torch.zeros_like(inputs[4][..., :1])), -1)
+    with pytest.raises(RuntimeError, match="x1y1x2y2"):
+        run_kernel(bad, num_classes=3, topk=10)
+
+
+@pytest.mark.parametrize("eps", [0.0, -1e-9, float("nan")])
+def test_eps_must_be_positive(library, eps):
+    """Step 6 divides by pa + eps: with eps <= 0 a row owning nothing divides 0 by 0, so eps is refused."""
+    inputs = problem(25)
+    with pytest.raises(ValueError, match="eps must be a positive number"):
+        api.assign_seg(*inputs, num_classes=3, topk=10, eps=eps)
+    with pytest.raises(ValueError, match="eps must be a positive number"):
+        api.assign(*inputs[:6], num_classes=3, topk=10, eps=eps)
+    with pytest.raises(RuntimeError, match="eps must be a positive number"):
+        run_kernel(inputs, num_classes=3, topk=10, eps=eps)
+
+
+def test_a_half_mask_scale_runs_on_the_reference(library):
+    """A float16 mask_scale is not a kernel's dtype: backend "auto" runs the reference, saying why."""
+    inputs = problem(19)
+    inputs[7] = inputs[7].half()
+    with pytest.warns(UserWarning, match="mask_scale"):
+        got = api.assign_seg(*inputs, num_classes=3, topk=10)
+    assert_equal(got, run_reference(inputs, num_classes=3, topk=10))
+
+
+@pytest.mark.cuda
+def test_memory_bounded(library):
+    """No (B, M, A) tensor and no (pairs x mask pixels) one beyond the decode's chunk: 16 images of 400 objects at 640
+    px would need 16 * 400 * 8400 = 54M elements per dense tensor; the call's peak beyond its inputs is its outputs,
+    one decoded chunk (at most 2^27 values, or one image's) and little else."""
+    inputs = problem(20, batch=16, img_size=640, objects=(400, 400), num_classes=80, mask_dim=32, trainer_dtypes=True,
+                     device="cuda")
+    kw = dict(num_classes=80, topk=10)
+    run_kernel(inputs, **kw)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = run_kernel(inputs, **kw)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    outputs = sum(t.numel() * t.element_size() for t in out)
+    pixels = inputs[8].shape[-2] * inputs[8].shape[-1]
+    chunk = max(1 << 27, 8400 * pixels) * 2  # bfloat16 values; an image has at most A chosen anchors
+    dense = 16 * 400 * 8400  # one bool per (image, row, anchor)
+    assert peak - outputs - chunk < dense / 4, f"peak {peak} bytes beyond the inputs, outputs {outputs}"
+
+
+def test_module_constructor_and_defaults():
+    m = lucid_assign.SegTaskAlignedAssigner(topk=7, num_classes=4, alpha=0.5, beta=6.0, stride=[8, 16, 32], topk2=1,
+                                            backend="reference")
+    assert m.topk == 7 and m.topk2 == 1 and m.eps == 1e-9
+    inputs = problem(21, num_classes=4)
+    with pytest.raises(TypeError, match="pd_coef"):
+        m(*inputs[:6])
+    out = m(*inputs[:6], **dict(zip(SEG, inputs[6:])))
+    want = reference.assign_seg(*inputs, num_classes=4, topk=7, topk2=1, alpha=0.5, stride=STRIDES)
+    for a, b in zip(out, want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_compile_fullgraph(library, device):
+    """A torch.compile(fullgraph=True) loss over api.assign_seg equals eager, over three batches (the op's one
+    synchronisation is inside it)."""
+    kw = dict(num_classes=3, topk=10, topk2=4, alpha=0.5)
+
+    def loss(*args):
+        labels, boxes, scores, fg, idx = api.assign_seg(*args, **kw)
+        return scores.sum(-1), fg, idx
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True)
+    for seed in (22, 23, 24):
+        inputs = problem(seed, objects=(12, 12), device=device)
+        assert all(torch.equal(a, b) for a, b in zip(compiled(*inputs), loss(*inputs)))
+
+
+@pytest.mark.cuda
+def test_sanitize_subset(library):
+    """A small run of every segmentation kernel (used under compute-sanitizer's memcheck, scripts/check_cuda.sh): the
+    trainer's dtypes under autocast, a second top-k, odd masks and crops."""
+    cases = [problem(31, trainer_dtypes=True, device="cuda"), odd("image_sized_objects", "cuda"),
+             odd("tiny_objects", "cuda"), odd("number_masks", "cuda")]
+    for amp, inputs in zip((True, False, False, False), cases):
+        kw = dict(num_classes=3, topk=10, topk2=4, alpha=0.5)
+        assert_equal(run_kernel(inputs, amp=amp, **kw), run_reference(inputs, amp=amp, **kw))
