@@ -16,14 +16,13 @@ import lucid_assign
 from lucid_assign import api, ops, reference
 from lucid_assign.synthetic import seg_batch
 
+import test_pose as pose_checks
 from cases import STRIDES
 from conftest import devices
+from test_pose import BOX, SETTING_IDS, SETTINGS, STRIDE_VAL
 from test_reference_vs_peer import lower_index_topk
 
-BOX = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
 SEG = ("pd_coef", "mask_scale", "proto", "gt_masks")
-DISCRETE = {0: "target_labels", 1: "target_bboxes", 3: "fg_mask", 4: "target_gt_idx"}
-STRIDE_VAL = reference.stride_value(STRIDES)
 
 
 def problem(seed, batch=2, img_size=160, objects=(4, 20), num_classes=3, mask_dim=8, trainer_dtypes=False,
@@ -73,21 +72,7 @@ def assert_equal(ours, theirs, case=""):
 
 def assert_kernel_matches(got, want, device, case=""):
     """Bit for bit on CUDA; on the CPU the discrete outputs exactly and the scores to a relative 1e-6."""
-    if device == "cuda":
-        assert_equal(got, want, case)
-        return
-    for i, name in DISCRETE.items():
-        assert got[i].dtype == want[i].dtype, f"{case} {name}: dtype"
-        diff = (got[i] != want[i]).sum().item()
-        assert diff == 0, f"{case} {name}: {diff} elements differ from the reference"
-    gs, ws = got[2], want[2]
-    assert gs.dtype == ws.dtype and gs.shape == ws.shape
-    nan = ws.isnan()
-    assert torch.equal(gs.isnan(), nan), f"{case} target_scores: NaN pattern differs"
-    gs, ws = gs.masked_fill(nan, 0), ws.masked_fill(nan, 0)
-    assert torch.equal(gs != 0, ws != 0), f"{case} target_scores: nonzero pattern differs"
-    rel = ((gs - ws).abs() / ws.abs().clamp(min=torch.finfo(ws.dtype).tiny)).max().item() if ws.numel() else 0
-    assert rel <= 1e-6, f"{case} target_scores: relative difference {rel:.3g}"
+    pose_checks.assert_kernel_matches(got, want, device, 0, case, tol=1e-6)
 
 
 def mask_ious_used(inputs, **kw):
@@ -107,9 +92,6 @@ def mask_ious_used(inputs, **kw):
         reference.SegInputs.mask_ious = original
     return sum(seen)
 
-
-SETTINGS = [dict(topk=10, topk2=None, alpha=0.5), dict(topk=7, topk2=1, alpha=0.5), dict(topk=13, topk2=4, alpha=1.0)]
-SETTING_IDS = ["k10", "k7k2_1", "k13k2_4"]
 
 
 @pytest.mark.parametrize("device", devices())
