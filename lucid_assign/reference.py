@@ -246,7 +246,7 @@ class SegInputs:
         coef = coef_in.new_zeros(n_img, counts[0], coef_in.shape[-1])
         coef[place, slot] = coef_in[key_img, key_anchor]
         boxes = pd_bboxes.new_zeros(n_img, counts[0], 4)
-        boxes[place, slot] = pd_bboxes[key_img, key_anchor] * self.mask_scale[key_img]
+        boxes[place, slot] = pd_bboxes[key_img, key_anchor] * self.mask_scale.reshape(-1, 1)[key_img]
         cols = torch.arange(mw, device=b.device, dtype=boxes.dtype)
         rows = torch.arange(mh, device=b.device, dtype=boxes.dtype)
         gt_flat = self.gt_masks.flatten(2)

@@ -211,6 +211,18 @@ def test_odd_inputs(peer_tal, library, device, case):
 
 
 @pytest.mark.parametrize("device", devices())
+def test_a_flat_mask_scale(library, device):
+    """mask_scale as (B,) instead of the peer's (B, 1): the same result on every backend."""
+    inputs = problem(26, device=device)
+    flat = list(inputs)
+    flat[7] = inputs[7].reshape(-1)
+    kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
+    want = run_reference(inputs, **kw)
+    assert_equal(run_reference(flat, **kw), want)
+    assert_kernel_matches(run_kernel(flat, **kw), want, device)
+
+
+@pytest.mark.parametrize("device", devices())
 def test_overlapping_masks(peer_tal, library, device):
     """Objects stacked on one another with overlapping masks: pairs that share anchors and pixels."""
     inputs = problem(12, objects=(12, 12), device=device)
