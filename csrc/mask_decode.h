@@ -4,8 +4,8 @@
 // decode calls the same routine (at::matmul, as the reference's `@`) on operands of the same shapes, strides and
 // dtypes as the reference builds: each image's chosen anchors in increasing order in slots of one (B, n0, nm) buffer
 // of pd_coef's dtype (zeros past an image's count), the images in the order of argsort(descending) of their counts
-// (n0 the largest count), and one
-// product coef[chunk, :n] @ proto[images].flatten(2) per chunk of images, n the chunk's largest count. A backend
+// (n0 the largest count), and one product coef[chunk, :n] @ proto[images].flatten(2) per chunk of images, n the
+// chunk's largest count. A backend
 // supplies how the buffer is filled (pack) and what is counted in each chunk's product (count); the decoded chunk is
 // the only buffer of (pairs x mask pixels) size, about kChunkPixels values (one image's at least).
 //

@@ -63,7 +63,8 @@ TORCH_LIBRARY(lucid, m) {
 // outputs do not require grad.
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op :
-       {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose", "assign_seg"}) {
+       {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose",
+        "assign_seg"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

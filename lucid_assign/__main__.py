@@ -183,8 +183,8 @@ def main(argv=None) -> int:
     bp = sub.add_parser("bench", help="time the assigners side by side on a built-in DOTA-like batch")
     bp.add_argument("--kind", choices=("obb", "hbb", "pose", "seg"), default="obb",
                     help="obb: 1024 px, 21,504 anchors, 15 classes; hbb: 640 px, 8,400 anchors, 80 classes; pose: "
-                    "hbb with 17 keypoints per object (people), the pose assigner; seg: hbb with masks (32 prototypes at 160 x 160), "
-                    "the segmentation assigner")
+                    "hbb with 17 keypoints per object (people), the pose assigner; seg: hbb with masks (32 prototypes "
+                    "at 160 x 160), the segmentation assigner")
     bp.add_argument("--batch", type=int, default=None, help="images per batch (default 16 on a GPU, 4 on the CPU)")
     bp.add_argument("--objects", type=int, nargs="+", default=None,
                     help="objects per image (one run each; default 50 200)")

@@ -279,7 +279,8 @@ def check_seg_inputs(pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks)
                          f"{_shape(pd_coef)}")
     if _shape(mask_scale) not in ((bs, 1), (bs,)):
         raise ValueError(f"mask_scale must have shape ({bs}, 1), got {_shape(mask_scale)}")
-    if gt_masks.dim() != 4 or gt_masks.shape[0] != bs or gt_masks.shape[1] < n_boxes or _shape(gt_masks)[2:] != (mh, mw):
+    if (gt_masks.dim() != 4 or gt_masks.shape[0] != bs or gt_masks.shape[1] < n_boxes
+            or _shape(gt_masks)[2:] != (mh, mw)):
         raise ValueError(f"gt_masks must be (B, >= M, mh, mw) = ({bs}, >= {n_boxes}, {mh}, {mw}) (from gt_bboxes and "
                          f"proto), got {_shape(gt_masks)}")
     if mh * mw >= 1 << 24:

@@ -2,10 +2,10 @@
 
 A case is a kind (HBB at 640 px with 80 classes, OBB at 1024 px with 15 classes, as in the peer's detect and OBB
 models, or pose: HBB at 640 px with 17 keypoints per object, ``pose_batch``, or seg: HBB at 640 px with masks, 32
-bfloat16 prototypes at 160 x 160, ``seg_batch``), a batch size and a number of objects per image, on one device. The scene is DOTA-like
-(``dota_like_batch``) or, with a dense preset, many small objects (``dense_batch``), where a number of objects may be
-a (low, high) range drawn per image. A backend is the reference, the
-compiled kernel, or the peer trainer's assigner (``ultralytics``) when it is installed.
+bfloat16 prototypes at 160 x 160, ``seg_batch``), a batch size and a number of objects per image, on one device.
+The scene is DOTA-like (``dota_like_batch``) or, with a dense preset, many small objects (``dense_batch``), where a
+number of objects may be a (low, high) range drawn per image. A backend is the reference, the compiled kernel, or
+the peer trainer's assigner (``ultralytics``) when it is installed.
 """
 
 from __future__ import annotations

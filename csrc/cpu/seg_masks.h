@@ -73,7 +73,9 @@ void count_mask_ious(SegRows<T>& rows, const SegArgs& seg, const T* pd, int64_t 
   });
   const auto scale = seg.mask_scale.reshape({B}).contiguous();
   auto scaled = [&](int64_t b, T v) -> T {  // box units to mask pixels, as the reference's product rounds it
-    if (scale.scalar_type() == at::kDouble) return static_cast<T>(static_cast<double>(v) * scale.const_data_ptr<double>()[b]);
+    if (scale.scalar_type() == at::kDouble) {
+      return static_cast<T>(static_cast<double>(v) * scale.const_data_ptr<double>()[b]);
+    }
     return static_cast<T>(v * static_cast<T>(scale.const_data_ptr<float>()[b]));
   };
   std::vector<int64_t> place(B);  // each image's position in the decode's order

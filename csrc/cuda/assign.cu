@@ -1,5 +1,6 @@
 // torch.ops.lucid.assign on the GPU: the steps of docs/spec.md, bit for bit as the reference on CUDA, without any
-// (B, M, A) tensor and without host synchronisation (CUDA-graph capturable).
+// (B, M, A) tensor and without host synchronisation (CUDA-graph capturable); assign_pose likewise; assign_seg with
+// one synchronisation (below).
 //
 // Design note. Six launches per call (eight with a second top-k; one more for pose), no memset: the host time of a
 // call is mostly its launches. Each launch, its file beside this one, what it reads and what it writes:
@@ -29,6 +30,15 @@
 //       each row keeps the K2 best of what it owns: `keep` (B*A) and the row maxima.
 //   targets_kernel (targets.cuh)                                                               step 6
 //       per anchor the outputs; the scores are normalised by the row maxima.
+//
+// Segmentation (assign_seg) runs the three row kernels twice: first with MaskChoicePass, each row choosing its
+// min(3K, A) pairs by box metric plus eps (step 2 of docs/spec.md, "Segmentation"), then, once the chosen pairs' mask
+// IoUs are known, with ClaimPass as above, the overlap being the mean of box overlap and mask IoU. Between them
+// (mask_ious below, seg_masks.cuh): the chosen anchors' slots, the rows' sorted lists and the objects' mask pixels
+// (three launches); the per-image counts copied to the host (the one synchronisation: the decode's shapes depend on
+// them); and the decode of mask_decode.h: the packed coefficients (one launch), then per chunk the prototypes'
+// gather and ATen's matmul (as the reference calls them) and the pixel counts of its pairs (one launch). Its
+// buffers: O(B*M*k3 + B*A) in the workspace, the packed coefficients and one chunk at a time.
 //
 // Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*A + B*M) and all are carved from
 // one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only; results do

@@ -1,8 +1,9 @@
 // Segmentation on the GPU (docs/spec.md, "Segmentation"): after the row kernels have chosen each row's pairs for a
 // mask IoU (MaskChoicePass), the chosen anchors of each image get their slots (chosen_slots_kernel), each row's
-// list is sorted (sort_choices_kernel) and each such row's mask pixels counted (mask_pixels_kernel); the decode (mask_decode.h) packs the chosen anchors' coefficients
-// (pack_coef_kernel) and, chunk by chunk of its products, count_masks_kernel counts each chosen pair's pixels into
-// its IoU. Integer counts only: the results do not depend on the order of threads.
+// list is sorted (sort_choices_kernel) and each such row's mask pixels counted (mask_pixels_kernel); the decode
+// (mask_decode.h) packs the chosen anchors' coefficients (pack_coef_kernel) and, chunk by chunk of its products,
+// count_masks_kernel counts each chosen pair's pixels into its IoU. Integer counts only: the results do not depend
+// on the order of threads.
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -141,7 +142,9 @@ __global__ void __launch_bounds__(kCountThreads)
   const int64_t a = c.sorted[w];
   const float* box = c.pd + (b * c.A + a) * 4;
   auto scaled = [&](float v) {
-    if (c.scale_double) return static_cast<float>(__dmul_rn(v, static_cast<const double*>(c.scale)[b * c.scale_stride]));
+    if (c.scale_double) {
+      return static_cast<float>(__dmul_rn(v, static_cast<const double*>(c.scale)[b * c.scale_stride]));
+    }
     return __fmul_rn(v, static_cast<const float*>(c.scale)[b * c.scale_stride]);
   };
   const geom::PixelRange xs = geom::crop_range(scaled(box[0]), scaled(box[2]), c.mw);
