@@ -163,8 +163,8 @@ def bench(args) -> int:
 
 
 def yolo(args) -> int:
-    """Run the peer's own command line with its detection, OBB and pose losses using lucid-assign's assigners (and every
-    rank of a multi-GPU run it launches)."""
+    """Run the peer's own command line with its detection, OBB, pose and segmentation losses using lucid-assign's
+    assigners (and every rank of a multi-GPU run it launches)."""
     from .integrations import ultralytics as integ
 
     # the peer reads its arguments from sys.argv (bound at its import): replace them in place, before importing it
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
                     "2,500-5,000 objects per image) or dense-obb (OBB, batch 16 at 1024 px, 15 classes, the same "
                     "counts); --batch and --classes still apply")
     bp.add_argument("--classes", type=int, default=None,
-                    help="number of classes (default 15 for obb, 80 for hbb and pose)")
+                    help="number of classes (default 15 for obb, 80 for hbb, pose and seg)")
     bp.add_argument("--device", default="auto", help="cpu, cuda or auto")
     bp.add_argument("--backends", default="reference,kernel,peer",
                     help="comma-separated: reference, kernel, peer (the peer needs ultralytics)")
@@ -217,8 +217,9 @@ def main(argv=None) -> int:
     viz.add_parser(sub)
     sub.add_parser("doctor", help="versions, build, backend choice, and a self-check of every backend")
     y = sub.add_parser("yolo", help="the peer's `yolo` command line with lucid-assign's assigners (same arguments)",
-                       description="Runs `yolo ARGS` of the peer trainer (ultralytics) with its detection, OBB and "
-                       "pose losses patched to use lucid-assign's assigners, multi-GPU runs included. Example: "
+                       description="Runs `yolo ARGS` of the peer trainer (ultralytics) with its detection, OBB, "
+                       "pose and segmentation losses patched to use lucid-assign's assigners, multi-GPU runs included. "
+                       "Example: "
                        "lucid-assign yolo obb train data=DOTAv1.yaml model=yolo26n-obb.yaml device=0,1")
     y.add_argument("--backend", choices=api.BACKENDS, default="auto",
                    help="lucid-assign's backend (default auto: the kernel where it can run, else the peer's own "
