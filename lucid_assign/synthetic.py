@@ -189,6 +189,19 @@ COCO_SIGMAS = (0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072, 0.
                0.087, 0.089, 0.089)
 
 
+def _frame(seed, batch, objects, img_size, strides):
+    """What pose_batch and seg_batch start from: the seeded generator with its float64 draws, the object count of each
+    image (``objects``: a count, or a (low, high) range drawn per image), the anchors and each anchor's stride."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    lo, hi = (objects, objects) if isinstance(objects, int) else objects
+    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
+    anc = anchor_points(img_size, strides, dtype=torch.float64)
+    strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
+    return g, rand, randn, counts, anc, strides_of
+
+
 def pose_batch(batch: int = 16, img_size: int = 640, num_classes: int = 1, objects=(20, 20), keypoints: int = 17,
                seed: int = 0, score_dtype=torch.float32, device="cpu", strides=(8, 16, 32)) -> dict:
     """A seeded keypoint batch: the inputs of the pose assigner (``assign_pose``) plus ``stride`` and
@@ -201,15 +214,8 @@ def pose_batch(batch: int = 16, img_size: int = 640, num_classes: int = 1, objec
     object in ten has none visible. Anchors near an object predict its box and keypoints with jitter (keypoints
     ``pd_kpts`` (B, A, K, 2) in pixels); the others predict points around themselves. ``sigmas`` are COCO's for 17
     keypoints, else 1/K each (as the peer trainer's pose loss)."""
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    lo, hi = (objects, objects) if isinstance(objects, int) else objects
-    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
-    n_max = max(counts) if counts else 0
-    anc = anchor_points(img_size, strides, dtype=torch.float64)
-    strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
-    n_anchors = anc.shape[0]
+    g, rand, randn, counts, anc, strides_of = _frame(seed, batch, objects, img_size, strides)
+    n_max, n_anchors = max(counts, default=0), anc.shape[0]
     gt = torch.zeros(batch, n_max, 4, dtype=torch.float64)
     gt_kpts = torch.zeros(batch, n_max, keypoints, 3, dtype=torch.float64)
     labels = torch.zeros(batch, n_max, 1)
@@ -278,15 +284,8 @@ def seg_batch(batch: int = 16, img_size: int = 640, num_classes: int = 80, objec
     the crop border); clusters overlap. Prototypes are smooth random fields; anchors near an object predict
     coefficients that roughly paint the object's ellipse onto them (with noise), the others random ones, and one
     anchor in fifty all-zero coefficients (an empty predicted mask)."""
-    g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    lo, hi = (objects, objects) if isinstance(objects, int) else objects
-    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
-    n_max = max(counts) if counts else 0
-    anc = anchor_points(img_size, strides, dtype=torch.float64)
-    strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
-    n_anchors = anc.shape[0]
+    g, rand, randn, counts, anc, strides_of = _frame(seed, batch, objects, img_size, strides)
+    n_max, n_anchors = max(counts, default=0), anc.shape[0]
     mh = mw = img_size // mask_ratio
     gt = torch.zeros(batch, n_max, 4, dtype=torch.float64)
     labels = torch.zeros(batch, n_max, 1)
