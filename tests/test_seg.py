@@ -257,6 +257,43 @@ def test_large_topk_and_chunks(peer_tal, library, device):
     assert_kernel_matches(run_kernel(inputs, **kw), want, device)
 
 
+def chosen_per_image(inputs, **kw):
+    """The number of distinct chosen anchors of each image (what the decode orders the images by), from the
+    reference's first call."""
+    seen = []
+    original = reference.SegInputs.mask_ious
+
+    def spy(self, b, m, a, pd_bboxes):
+        if not seen:
+            key = (b * pd_bboxes.shape[1] + a).unique()
+            seen.append(torch.bincount(key // pd_bboxes.shape[1], minlength=pd_bboxes.shape[0]).tolist())
+        return original(self, b, m, a, pd_bboxes)
+
+    reference.SegInputs.mask_ious = spy
+    try:
+        reference.assign_seg(*[t.cpu() for t in inputs], stride=STRIDES, **kw)
+    finally:
+        reference.SegInputs.mask_ious = original
+    return seen[0]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("copies", [False, True], ids=["distinct_counts", "equal_counts"])
+def test_images_ordered_by_count(peer_tal, library, device, copies):
+    """The decode takes the images by decreasing count of chosen anchors: the kernels order them on the host when
+    all counts differ and call the sort routine when some are equal (here: every image a copy of the first). Both
+    ways must give the peer's result."""
+    inputs = problem(16, batch=4, objects=(6, 20), device=device)
+    if copies:
+        inputs = [t if i == 2 else t[:1].expand_as(t).clone() for i, t in enumerate(inputs)]  # anc_points: (A, 2)
+    kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
+    counts = chosen_per_image(inputs, **kw)
+    assert (len(set(counts)) == 1) if copies else (len(set(counts)) == len(counts)), counts
+    want = run_reference(inputs, **kw)
+    assert_equal(want, run_peer(peer_tal, device, inputs, **kw))
+    assert_kernel_matches(run_kernel(inputs, **kw), want, device)
+
+
 @pytest.mark.parametrize("device", devices())
 def test_no_objects_and_padding(peer_tal, library, device):
     inputs = problem(15, device=device)

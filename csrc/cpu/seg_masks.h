@@ -128,7 +128,8 @@ void count_mask_ious(SegRows<T>& rows, const SegArgs& seg, const T* pd, int64_t 
       });
     });
   };
-  decode_chosen_masks(seg, per_image, pack, count);
+  auto gather = [&](const at::Tensor& images) { return gather_images(seg.proto, images); };
+  decode_chosen_masks(seg, per_image, gather, pack, count);
 }
 
 }  // namespace cpu

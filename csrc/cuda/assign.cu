@@ -36,9 +36,10 @@
 // IoUs are known, with ClaimPass as above, the overlap being the mean of box overlap and mask IoU. Between them
 // (mask_ious below, seg_masks.cuh): the chosen anchors' slots, the rows' sorted lists and the objects' mask pixels
 // (three launches); the per-image counts copied to the host (the one synchronisation: the decode's shapes depend on
-// them); and the decode of mask_decode.h: the packed coefficients (one launch), then per chunk the prototypes'
-// gather and ATen's matmul (as the reference calls them) and the pixel counts of its pairs (one launch). Its
-// buffers: O(B*M*k3 + B*A) in the workspace, the packed coefficients and one chunk at a time.
+// them); and the decode of mask_decode.h: the images' order (a copy from the host, or ATen's argsort when counts are
+// equal), the prototypes gathered in that order (one launch) and the packed coefficients (one launch), then per
+// chunk ATen's matmul (as the reference calls it) and the pixel counts of its pairs (one launch). Its buffers:
+// O(B*M*k3 + B*A) in the workspace, the gathered prototypes, the packed coefficients and one chunk at a time.
 //
 // Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*A + B*M) and all are carved from
 // one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only; results do
@@ -123,7 +124,21 @@ SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& 
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   };
-  decode_chosen_masks(seg, per_image, pack, count);
+  // proto[images]: 16 bytes a thread when the images are contiguous and a whole number of such units
+  auto gather = [&](const at::Tensor& images) {
+    const auto& proto = seg.proto;
+    const int64_t bytes = proto.stride(0) * static_cast<int64_t>(proto.element_size());
+    if (!proto.is_contiguous() || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(proto.const_data_ptr()) % 16 != 0) {
+      return gather_images(proto, images);
+    }
+    auto out = at::empty({images.size(0), proto.size(1), proto.size(2), proto.size(3)}, proto.options());
+    gather_images_kernel<<<blocks_for(images.size(0) * (bytes / 16)), kThreads, 0, stream>>>(
+        static_cast<const uint4*>(proto.const_data_ptr()), images.const_data_ptr<int64_t>(), images.size(0),
+        bytes / 16, static_cast<uint4*>(out.data_ptr()));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return out;
+  };
+  decode_chosen_masks(seg, per_image, gather, pack, count);
   return SegView{true, k3, w.seg_n, w.seg_sorted, w.seg_iou};
 }
 

@@ -125,9 +125,11 @@ struct MaskCountArgs {
 
 // A block per pair slot (row, j) of the images at positions [start, stop) of the decode's order (order: the images
 // by position): a chosen pair's predicted mask (decoded > 0, element (p - start, slot, pixel) of a
-// (stop - start, n, mh * mw) chunk) within its box's crop, against the object's mask. A warp takes a pixel row at a
-// time, its lanes the columns. Both counts are summed in one 64-bit value (each below 2^24).
+// (stop - start, n, mh * mw) chunk) within its box's crop, against the object's mask. The threads take the crop's
+// pixels in turn, row by row, kCountUnroll at a time (their loads independent, so that they overlap). Both counts
+// are summed in one 64-bit value (each below 2^24).
 constexpr int kCountThreads = 128;
+constexpr int kCountUnroll = 4;
 
 template <typename E>
 __global__ void __launch_bounds__(kCountThreads)
@@ -151,11 +153,34 @@ __global__ void __launch_bounds__(kCountThreads)
   const geom::PixelRange ys = geom::crop_range(scaled(box[1]), scaled(box[3]), c.mh);
   const E* pm = decoded + ((p - start) * n + c.slot[b * c.A + a]) * static_cast<int64_t>(c.mh) * c.mw;
   const bool* g = c.gt + b * c.g0 + (row % c.M) * c.g1;
+  const int width = xs.end - xs.first, height = ys.end - ys.first;
   unsigned long long mine = 0;  // the intersection in the high half, the predicted pixels in the low half
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int y = ys.first + warp; y < ys.end; y += kCountThreads / 32) {
-    for (int x = xs.first + lane; x < xs.end; x += 32) {
-      if (positive(pm[y * c.mw + x])) mine += g[y * c.g2 + x * c.g3] ? (1ull << 32) + 1 : 1;
+  if (width > 0) {
+    // this thread's pixels: crop indices t, t + kCountThreads, ... as (row, column), stepped without a division
+    const int step_y = kCountThreads / width, step_x = kCountThreads % width;
+    int y = threadIdx.x / width, x = threadIdx.x % width;
+    while (y < height) {
+      int at_y[kCountUnroll], at_x[kCountUnroll];
+#pragma unroll
+      for (int k = 0; k < kCountUnroll; ++k) {
+        at_y[k] = y;
+        at_x[k] = x;
+        y += step_y;
+        x += step_x;
+        if (x >= width) {
+          x -= width;
+          ++y;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kCountUnroll; ++k) {
+        if (at_y[k] < height) {
+          const int yy = ys.first + at_y[k], xx = xs.first + at_x[k];
+          const bool on = positive(pm[yy * c.mw + xx]);
+          const bool in = g[yy * c.g2 + xx * c.g3];
+          mine += on ? (in ? (1ull << 32) + 1 : 1ull) : 0ull;
+        }
+      }
     }
   }
   const unsigned long long total = Reduce(tmp).Sum(mine);
@@ -163,6 +188,15 @@ __global__ void __launch_bounds__(kCountThreads)
     c.iou[w] = geom::mask_iou(static_cast<int64_t>(total >> 32), c.gt_count[row],
                               static_cast<int64_t>(total & 0xFFFFFFFFull));
   }
+}
+
+// A thread per 16 bytes of out, (count, ...) contiguous: image p of out is image images[p] of in (contiguous, each
+// image `units` 16-byte units).
+__global__ void __launch_bounds__(kThreads)
+    gather_images_kernel(const uint4* in, const int64_t* images, int64_t count, int64_t units, uint4* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= count * units) return;
+  out[i] = in[images[i / units] * units + i % units];
 }
 
 }  // namespace gpu
