@@ -4,6 +4,7 @@
     python bench/train_step.py --dense        # a dense scene: 2,000 and 5,000 small objects (4-60 px) per image
     python bench/train_step.py --task pose    # yolo26n-pose, batch 16 at 640 px, 17 keypoints, 20 and 100 people
     python bench/train_step.py --task seg     # yolo26n-seg, batch 16 at 640 px, 80 classes, 20 and 100 objects
+    python bench/train_step.py --task seg --profile --trace seg   # also the calls' host time, and timelines
     python bench/train_step.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3 --warmup 1   # smoke test
 
 The model is built from its YAML (no weights). Each step is a forward pass under bf16 autocast, the loss (YOLO26's
@@ -168,7 +169,8 @@ def measure(args, objects: int) -> list:
             inside[mode + " peak"] = max(t.peak for t in timers)
             inside[mode + " host"] = statistics.median(host)
         if args.profile:
-            profile_assigners(model, opt, batches, device)
+            trace = args.trace and f"{args.trace}-m{objects}-{'patched' if r['patched'] else 'peer'}.json"
+            profile_assigners(model, opt, batches, device, trace)
         for p, a in zip(parts, originals):
             p.assigner = a
         if record:  # the assigners' real inputs of one step, for bench/profile_cuda.py --inputs
@@ -190,9 +192,10 @@ def measure(args, objects: int) -> list:
     return runs
 
 
-def profile_assigners(model, opt, batches, device):
+def profile_assigners(model, opt, batches, device, trace=None):
     """Where the host time of the assigner calls goes inside a real step: torch.profiler over two steps, the CPU
-    self time of everything under the calls (the assigners are wrapped by _Timed, which marks them)."""
+    self time of everything under the calls (the assigners are wrapped by _Timed, which marks them as "assigner
+    call"). trace: a path for the timeline (Chrome trace format: the calls' host work and their GPU kernels)."""
     from collections import defaultdict
 
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -200,6 +203,9 @@ def profile_assigners(model, opt, batches, device):
         for i in range(2):
             step(model, opt, batches[i % 3], device)
             sync(device)
+    if trace:
+        prof.export_chrome_trace(trace)
+        print(f"  saved the timeline of two steps to {trace}")
     # the CPU-side ranges only (record_function also leaves a GPU-side annotation of the same name)
     calls = [e for e in prof.events() if e.name == "assigner call" and str(e.device_type).endswith("CPU")]
     per_name, stack = defaultdict(float), list(calls)
@@ -276,10 +282,14 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile", action="store_true", help="profile the assigner calls of two instrumented steps")
+    p.add_argument("--trace", metavar="PREFIX", help="with --profile: save the timeline of the profiled steps to "
+                   "PREFIX-m<objects>-<peer|patched>.json (Chrome trace format)")
     p.add_argument("--dump", metavar="PREFIX", help="save the assigners' inputs of one patched step to PREFIX-m<objects>.pt")
     args = p.parse_args(argv)
     if args.dense and args.task != "obb":
         p.error("--dense is an OBB scene")
+    if args.trace and not args.profile:
+        p.error("--trace needs --profile")
     args.objects = args.objects or ([2000, 5000] if args.dense else [20, 100] if args.task in ("pose", "seg") else [60, 300])
     args.imgsz = args.imgsz or (640 if args.task in ("pose", "seg") else 1024)
     print(f"yolo26n-{args.task}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
