@@ -75,14 +75,15 @@ def assert_kernel_matches(got, want, device, case=""):
     pose_checks.assert_kernel_matches(got, want, device, 0, case, tol=1e-6)
 
 
-def mask_ious_used(inputs, **kw):
-    """How many chosen pairs get a nonzero mask IoU (the case must exercise the masks, not only boxes)."""
-    seen = []
+def reference_mask_calls(inputs, **kw):
+    """The reference run on CPU copies of the inputs: the arguments (b, m, a, pd_bboxes) and the result of each call
+    of its mask IoUs."""
+    calls = []
     original = reference.SegInputs.mask_ious
 
     def spy(self, *args):
         out = original(self, *args)
-        seen.append(int((out > 0).sum()))
+        calls.append((args, out))
         return out
 
     reference.SegInputs.mask_ious = spy
@@ -90,7 +91,12 @@ def mask_ious_used(inputs, **kw):
         reference.assign_seg(*[t.cpu() for t in inputs], stride=STRIDES, **kw)
     finally:
         reference.SegInputs.mask_ious = original
-    return sum(seen)
+    return calls
+
+
+def mask_ious_used(inputs, **kw):
+    """How many chosen pairs get a nonzero mask IoU (the case must exercise the masks, not only boxes)."""
+    return sum(int((out > 0).sum()) for _, out in reference_mask_calls(inputs, **kw))
 
 
 
@@ -260,21 +266,9 @@ def test_large_topk_and_chunks(peer_tal, library, device):
 def chosen_per_image(inputs, **kw):
     """The number of distinct chosen anchors of each image (what the decode orders the images by), from the
     reference's first call."""
-    seen = []
-    original = reference.SegInputs.mask_ious
-
-    def spy(self, b, m, a, pd_bboxes):
-        if not seen:
-            key = (b * pd_bboxes.shape[1] + a).unique()
-            seen.append(torch.bincount(key // pd_bboxes.shape[1], minlength=pd_bboxes.shape[0]).tolist())
-        return original(self, b, m, a, pd_bboxes)
-
-    reference.SegInputs.mask_ious = spy
-    try:
-        reference.assign_seg(*[t.cpu() for t in inputs], stride=STRIDES, **kw)
-    finally:
-        reference.SegInputs.mask_ious = original
-    return seen[0]
+    (b, _, a, pd_bboxes), _ = reference_mask_calls(inputs, **kw)[0]
+    key = (b * pd_bboxes.shape[1] + a).unique()
+    return torch.bincount(key // pd_bboxes.shape[1], minlength=pd_bboxes.shape[0]).tolist()
 
 
 @pytest.mark.parametrize("device", devices())
