@@ -99,7 +99,6 @@ def mask_ious_used(inputs, **kw):
     return sum(int((out > 0).sum()) for _, out in reference_mask_calls(inputs, **kw))
 
 
-
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("setting", SETTINGS, ids=SETTING_IDS)
 @pytest.mark.parametrize("trainer_dtypes", [False, True], ids=["fp32", "bf16"])
