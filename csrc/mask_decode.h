@@ -1,25 +1,27 @@
 // The decode of the predicted masks for the segmentation assignment (docs/spec.md, "Segmentation"), the part both
 // backends share. Which pixels of a predicted mask are set is the sign of a matrix product, and a product's rounding
 // depends on the library routine and on the shapes it is called with, which a kernel cannot reproduce. So the
-// decode calls the same routine (at::matmul, as the reference's `@`) on operands of the same shapes, strides and
-// dtypes as the reference builds: each image's chosen anchors in increasing order in slots of one (B, n0, nm) buffer
+// decode calls the same routine (at::bmm, which the reference's `@` reaches for these 3-d operands: at::matmul
+// expands and reshapes each to itself, then calls it) on operands of the same shapes, strides and dtypes as the
+// reference builds: each image's chosen anchors in increasing order in slots of one (B, n0, nm) buffer
 // of pd_coef's dtype (zeros past an image's count), the images in the order of argsort(descending) of their counts
 // (n0 the largest count), and one product coef[chunk, :n] @ proto[images].flatten(2) per chunk of images, n the
 // chunk's largest count. A backend supplies how the prototypes are gathered (gather), how the buffer is filled (pack)
 // and what is counted in each chunk's product (count); the decoded chunk is the only buffer of (pairs x mask pixels)
 // size, about kChunkPixels values (one image's at least).
 //
-// The counts per image must be known on the host to call the routine with those shapes: this is the assignment's
-// one synchronisation with the device (the reference, and the peer, synchronise there too).
+// The counts per image must be known on the host to call the routine with those shapes: the backend copies them there
+// before the decode, the assignment's one synchronisation with the device (the reference, and the peer, synchronise
+// there too).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <optional>
-#include <utility>
 #include <vector>
 
 #include "amp.h"
@@ -58,47 +60,42 @@ inline at::Tensor gather_images(const at::Tensor& proto, const at::Tensor& image
 // the CPU allocator's alignment).
 constexpr int64_t kAllocationAlignment = 512;
 
-// The images by decreasing count, as at::argsort(per_image, descending) orders them: on the host when no two counts
-// are equal (the order is then the only one; one copy to the device instead of a sort there), else that call itself
-// (its order among equal counts is its own). Returns the order (on per_image's device) and the counts in that order
-// (on the host).
-inline std::pair<at::Tensor, std::vector<int64_t>> order_by_count(const at::Tensor& per_image,
-                                                                  const at::Tensor& per_image_host) {
-  const int64_t B = per_image.size(0);
-  const int64_t* n_of = per_image_host.const_data_ptr<int64_t>();
-  std::vector<int64_t> images(B);
-  std::iota(images.begin(), images.end(), int64_t{0});
-  std::stable_sort(images.begin(), images.end(), [n_of](int64_t i, int64_t j) { return n_of[i] > n_of[j]; });
-  std::vector<int64_t> counts(B);
-  bool ties = false;
-  for (int64_t p = 0; p < B; ++p) {
-    counts[p] = n_of[images[p]];
-    ties = ties || (p > 0 && counts[p] == counts[p - 1]);
-  }
-  if (ties) return {at::argsort(per_image, /*dim=*/-1, /*descending=*/true), std::move(counts)};
-  auto host = at::empty({B}, per_image_host.options().pinned_memory(!per_image.is_cpu()));
-  std::copy(images.begin(), images.end(), host.data_ptr<int64_t>());
-  return {host.to(per_image.device(), /*non_blocking=*/true), std::move(counts)};
+// The images by decreasing count with ties in increasing index (the order a stable sort gives), from the counts on
+// the host: the CPU backend's `stable` argument of decode_chosen_masks (the CUDA backend computes it on the device).
+inline at::Tensor stable_order_by_count(const int64_t* counts, int64_t B) {
+  auto order = at::empty({B}, at::kLong);
+  int64_t* images = order.data_ptr<int64_t>();
+  std::iota(images, images + B, int64_t{0});
+  std::stable_sort(images, images + B, [counts](int64_t i, int64_t j) { return counts[i] > counts[j]; });
+  return order;
 }
 
-// per_image: (B,) int64, the chosen anchors of each image (on the device). gather(images) returns proto[images] as
-// gather_images does (contiguous, proto's dtype). pack(coef, order) fills coef (B, n0, nm) (uninitialised): row
-// (p, s) is pd_coef[b, a] for the s-th chosen anchor a of image b = order[p] (s < n_b), and zeros past the image's
-// count. count(decoded, start, stop, order) takes the product of the images at positions [start, stop) of the order:
-// decoded[p - start, slot, pixel], of shape (stop - start, n, mh * mw).
+// per_image: (B,) int64, the chosen anchors of each image (on the device), and `counts` the same values on the host.
+// stable: the images by decreasing count with ties in increasing index (on per_image's device). The decode's order is
+// argsort(per_image, descending): when no two positive counts are equal that is `stable` (the only order there is;
+// the places of images without chosen anchors are never decoded), else that call itself (its order among equal
+// counts is its own). gather(images) returns proto[images] as gather_images does (contiguous, proto's dtype).
+// pack(coef, order) fills coef (B, n0, nm) (uninitialised): row (p, s) is pd_coef[b, a] for the s-th chosen anchor a
+// of image b = order[p] (s < n_b), and zeros past the image's count. count(decoded, start, stop, order) takes the
+// product of the images at positions [start, stop) of the order: decoded[p - start, slot, pixel], of shape
+// (stop - start, n, mh * mw).
 //
 // The prototypes of all images are gathered in the order at once when each chunk's slice of them starts where a
 // tensor of its own would (a multiple of kAllocationAlignment bytes: a library routine may choose its method by the
 // operands' alignment, so the slice must not differ from the reference's operand there); else chunk by chunk, as
 // the reference does.
 template <typename Gather, typename Pack, typename Count>
-void decode_chosen_masks(const SegArgs& seg, const at::Tensor& per_image, Gather gather, Pack pack, Count count) {
+void decode_chosen_masks(const SegArgs& seg, const at::Tensor& per_image, const int64_t* counts,
+                         const at::Tensor& stable, Gather gather, Pack pack, Count count) {
   const int64_t B = per_image.size(0);
   if (B == 0) return;
   const int64_t nm = seg.pd_coef.size(2), pixels = seg.proto.size(2) * seg.proto.size(3);
-  const auto per_image_host = per_image.to(at::kCPU);  // the synchronisation
-  const auto [order, n_of] = order_by_count(per_image, per_image_host);
+  std::vector<int64_t> n_of(counts, counts + B);  // the counts by position
+  std::sort(n_of.begin(), n_of.end(), std::greater<int64_t>());
   if (n_of[0] == 0) return;
+  bool ties = false;
+  for (int64_t p = 1; p < B && n_of[p] > 0; ++p) ties = ties || n_of[p] == n_of[p - 1];
+  const auto order = ties ? at::argsort(per_image, /*dim=*/-1, /*descending=*/true) : stable;
   const bool whole = nm * pixels * c10::elementSize(operand_dtype(seg.proto)) % kAllocationAlignment == 0;
   const auto ordered = whole ? autocast_operand(gather(order)).flatten(2) : at::Tensor();
   auto coef = at::empty({B, n_of[0], nm}, seg.pd_coef.options());
@@ -109,7 +106,7 @@ void decode_chosen_masks(const SegArgs& seg, const at::Tensor& per_image, Gather
     const auto lhs = autocast_operand(coef.slice(0, start, stop).slice(1, 0, n));
     const auto rhs = whole ? ordered.slice(0, start, stop)
                            : autocast_operand(gather(order.slice(0, start, stop))).flatten(2);
-    count(at::matmul(lhs, rhs), start, stop, order);
+    count(at::bmm(lhs, rhs), start, stop, order);
     start = stop;
   }
 }

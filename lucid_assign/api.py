@@ -395,8 +395,12 @@ def seg_unsupported(device, box_dtype, seg_key) -> str | None:
 
 
 def extra_unsupported(device, box_dtype, key) -> str | None:
-    """pose_unsupported or seg_unsupported, by the kind of ``key`` (from _pose_key or _seg_key)."""
-    return (pose_unsupported if key[0] == "pose" else seg_unsupported)(device, box_dtype, key)
+    """pose_unsupported or seg_unsupported, by the kind of ``key`` (from _pose_key or _seg_key); asked once per
+    combination, as _unsupported_for asks of the box inputs."""
+    at = (device, box_dtype, key)
+    if at not in _unsupported:
+        _unsupported[at] = (pose_unsupported if key[0] == "pose" else seg_unsupported)(device, box_dtype, key)
+    return _unsupported[at]
 
 
 def _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,

@@ -1,7 +1,7 @@
 // Segmentation on the CPU (docs/spec.md, "Segmentation"): step 2's overlap of a candidate pair is the mean of its box
 // overlap and a mask IoU, which is 0 except for each object's min(3K, A) best pairs by box metric. SegRows chooses
 // those pairs (the top-k of row_select.h over `s^alpha * o^beta + eps`), decodes the chosen anchors' masks
-// (mask_decode.h: ATen's matmul in the reference's shapes) and counts each chosen pair's pixels; the assignment then
+// (mask_decode.h: ATen's batched product in the reference's shapes) and counts each chosen pair's pixels; the assignment then
 // reads the IoUs through OverlapBatch. Memory: O(B*M*3K + B*A), the decoded chunk, and a bool copy of gt_masks when
 // it is not bool.
 #pragma once
@@ -129,7 +129,7 @@ void count_mask_ious(SegRows<T>& rows, const SegArgs& seg, const T* pd, int64_t 
     });
   };
   auto gather = [&](const at::Tensor& images) { return gather_images(seg.proto, images); };
-  decode_chosen_masks(seg, per_image, gather, pack, count);
+  decode_chosen_masks(seg, per_image, per, stable_order_by_count(per, B), gather, pack, count);
 }
 
 }  // namespace cpu

@@ -34,12 +34,14 @@
 // Segmentation (assign_seg) runs the three row kernels twice: first with MaskChoicePass, each row choosing its
 // min(3K, A) pairs by box metric plus eps (step 2 of docs/spec.md, "Segmentation"), then, once the chosen pairs' mask
 // IoUs are known, with ClaimPass as above, the overlap being the mean of box overlap and mask IoU. Between them
-// (mask_ious below, seg_masks.cuh): the chosen anchors' slots, the rows' sorted lists and the objects' mask pixels
-// (three launches); the per-image counts copied to the host (the one synchronisation: the decode's shapes depend on
-// them); and the decode of mask_decode.h: the images' order (a copy from the host, or ATen's argsort when counts are
-// equal), the prototypes gathered in that order (one launch) and the packed coefficients (one launch), then per
-// chunk ATen's matmul (as the reference calls it) and the pixel counts of its pairs (one launch). Its buffers:
-// O(B*M*k3 + B*A) in the workspace, the gathered prototypes, the packed coefficients and one chunk at a time.
+// (mask_ious below, seg_masks.cuh): the chosen anchors' slots and the images ordered by their counts (two launches);
+// the per-image counts copied to pinned host memory, then the rows' sorted lists and the objects' mask pixels (two
+// launches, which need no count), then the wait for the copy (the one synchronisation: the decode's shapes depend on
+// the counts); and the decode of mask_decode.h: the images' order (that of the device, or ATen's argsort when
+// positive counts are equal), the prototypes gathered in that order (one launch) and the packed coefficients (one
+// launch), then per chunk ATen's batched product (as the reference reaches it) and the pixel counts of its pairs
+// (one launch). Its buffers: O(B*M*k3 + B*A) in the workspace, the gathered prototypes, the packed coefficients and
+// one chunk at a time.
 //
 // Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*A + B*M) and all are carved from
 // one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only; results do
@@ -78,18 +80,30 @@ namespace {
 
 using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// Segmentation, after the choice (seg_masks.cuh): the slots of the chosen anchors, the rows' sorted lists, the decode
-// (mask_decode.h: the one synchronisation) and the chosen pairs' mask IoUs, as step 2's overlap reads them.
+// Segmentation, after the choice (seg_masks.cuh): the slots of the chosen anchors, the per-image counts on the host
+// (the one synchronisation), the rows' sorted lists, the decode (mask_decode.h) and the chosen pairs' mask IoUs, as
+// step 2's overlap reads them.
 template <typename S, typename T>
 SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& choices, const Workspace<T>& w,
                   const at::TensorOptions& opts, cudaStream_t stream) {
   const int64_t B = P.B, A = P.A, M = P.M;
   const int k3 = choices.k3;
-  auto per_image = at::empty({B}, opts.dtype(at::kLong));
+  // the chosen anchors of each image (per_image) and the images by decreasing count, ties by index (stable)
+  const auto counts_and_order = at::empty({2 * B}, opts.dtype(at::kLong));
+  const auto per_image = counts_and_order.slice(0, 0, B), stable = counts_and_order.slice(0, B, 2 * B);
   chosen_slots_kernel<<<static_cast<unsigned>(B), kSlotThreads, 0, stream>>>(w.seg_chosen, A, w.seg_slot,
                                                                             w.seg_anchor_of,
                                                                             per_image.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  order_by_count_kernel<<<blocks_for(B), kThreads, 0, stream>>>(per_image.const_data_ptr<int64_t>(), B,
+                                                                 stable.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // the counts to the host (pinned, so that the copy is the stream's and the host waits for it alone); the launches
+  // until the wait need no count
+  const auto counts = at::empty({B}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  C10_CUDA_CHECK(cudaMemcpyAsync(counts.data_ptr<int64_t>(), per_image.const_data_ptr<int64_t>(),
+                                 B * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+  const HostWait copied(stream);
   sort_choices_kernel<<<blocks_for(B * M * 32), kThreads, 0, stream>>>(w.seg_n, w.seg_anchors, w.seg_sorted, B * M,
                                                                        k3);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -100,6 +114,7 @@ SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& 
       gt.const_data_ptr<bool>(), gt.stride(0), gt.stride(1), gt.stride(2), gt.stride(3), mh, mw, w.seg_n, M,
       gt_count.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  copied.wait();  // the synchronisation
   const auto scale = seg.mask_scale.reshape({B});
   const MaskCountArgs args{w.seg_n, w.seg_sorted, w.seg_slot, P.pd, scale.const_data_ptr(), scale.stride(0),
                            scale.scalar_type() == at::kDouble, gt.const_data_ptr<bool>(), gt.stride(0), gt.stride(1),
@@ -138,7 +153,7 @@ SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   };
-  decode_chosen_masks(seg, per_image, gather, pack, count);
+  decode_chosen_masks(seg, per_image, counts.const_data_ptr<int64_t>(), stable, gather, pack, count);
   return SegView{true, k3, w.seg_n, w.seg_sorted, w.seg_iou};
 }
 

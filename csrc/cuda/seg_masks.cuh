@@ -1,6 +1,6 @@
 // Segmentation on the GPU (docs/spec.md, "Segmentation"): after the row kernels have chosen each row's pairs for a
-// mask IoU (MaskChoicePass), the chosen anchors of each image get their slots (chosen_slots_kernel), each row's
-// list is sorted (sort_choices_kernel) and each such row's mask pixels counted (mask_pixels_kernel); the decode
+// mask IoU (MaskChoicePass), the chosen anchors of each image get their slots (chosen_slots_kernel), the images are
+// ordered by their counts (order_by_count_kernel), each row's list is sorted (sort_choices_kernel) and each such row's mask pixels counted (mask_pixels_kernel); the decode
 // (mask_decode.h) packs the chosen anchors' coefficients (pack_coef_kernel) and, chunk by chunk of its products,
 // count_masks_kernel counts each chosen pair's pixels into its IoU. Integer counts only: the results do not depend
 // on the order of threads.
@@ -42,6 +42,21 @@ __global__ void __launch_bounds__(kSlotThreads)
     base += total;
   }
   if (threadIdx.x == 0) per_image[b] = base;
+}
+
+// A thread per image: its place among the images by decreasing count with ties in increasing index (a stable
+// sort), order[place] = image (mask_decode.h's `stable`).
+__global__ void __launch_bounds__(kThreads)
+    order_by_count_kernel(const int64_t* per_image, int64_t B, int64_t* order) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (b >= B) return;
+  const int64_t mine = per_image[b];
+  int64_t place = 0;
+  for (int64_t j = 0; j < B; ++j) {
+    const int64_t other = per_image[j];
+    place += other > mine || (other == mine && j < b);
+  }
+  order[place] = b;
 }
 
 // A warp per row: its chosen anchors (distinct) in increasing order, each placed by the count of smaller ones.
