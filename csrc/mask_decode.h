@@ -47,13 +47,13 @@ inline at::ScalarType operand_dtype(const at::Tensor& t) {
   return *dtype;
 }
 
-// proto[images] as the reference's `[]` computes it (at::index); for contiguous prototypes index_select gives the same
-// contiguous tensor with less host work.
+// proto[images].flatten(2) as the reference's `[]` computes it (at::index); for contiguous prototypes index_select
+// gives the same contiguous tensor with less host work.
 inline at::Tensor gather_images(const at::Tensor& proto, const at::Tensor& images) {
-  if (proto.is_contiguous()) return proto.index_select(0, images);
+  if (proto.is_contiguous()) return proto.index_select(0, images).flatten(2);
   c10::List<std::optional<at::Tensor>> index;
   index.push_back(images);
-  return at::index(proto, index);
+  return at::index(proto, index).flatten(2);
 }
 
 // Where an allocation starts: a multiple of this many bytes (the CUDA caching allocator's block size, a multiple of
@@ -70,24 +70,23 @@ inline at::Tensor stable_order_by_count(const int64_t* counts, int64_t B) {
   return order;
 }
 
-// per_image: (B,) int64, the chosen anchors of each image (on the device), and `counts` the same values on the host.
-// stable: the images by decreasing count with ties in increasing index (on per_image's device). The decode's order is
-// argsort(per_image, descending): when no two positive counts are equal that is `stable` (the only order there is;
-// the places of images without chosen anchors are never decoded), else that call itself (its order among equal
-// counts is its own). gather(images) returns proto[images] as gather_images does (contiguous, proto's dtype).
-// pack(coef, order) fills coef (B, n0, nm) (uninitialised): row (p, s) is pd_coef[b, a] for the s-th chosen anchor a
-// of image b = order[p] (s < n_b), and zeros past the image's count. count(decoded, start, stop, order) takes the
-// product of the images at positions [start, stop) of the order: decoded[p - start, slot, pixel], of shape
+// counts: the chosen anchors of each of the B images, on the host. stable: the images by decreasing count with ties in
+// increasing index (on the device of the inputs). The decode's order is argsort(counts, descending) on that device:
+// when no two positive counts are equal that is `stable` (the only order there is; the places of images without
+// chosen anchors are never decoded), else argsorted(), that call itself (its order among equal counts is its own).
+// gather(images) returns proto[images].flatten(2) as gather_images does (contiguous, proto's dtype). pack(coef, order)
+// fills coef (B, n0, nm) (uninitialised): row (p, s) is pd_coef[b, a] for the s-th chosen anchor a of image
+// b = order[p] (s < n_b), and zeros past the image's count. count(decoded, start, stop, order) takes the product of
+// the images at positions [start, stop) of the order: decoded[p - start, slot, pixel], of shape
 // (stop - start, n, mh * mw).
 //
 // The prototypes of all images are gathered in the order at once when each chunk's slice of them starts where a
 // tensor of its own would (a multiple of kAllocationAlignment bytes: a library routine may choose its method by the
 // operands' alignment, so the slice must not differ from the reference's operand there); else chunk by chunk, as
-// the reference does.
-template <typename Gather, typename Pack, typename Count>
-void decode_chosen_masks(const SegArgs& seg, const at::Tensor& per_image, const int64_t* counts,
-                         const at::Tensor& stable, Gather gather, Pack pack, Count count) {
-  const int64_t B = per_image.size(0);
+// the reference does. A chunk of all B images takes the whole buffers (the same operands as their full slices).
+template <typename Argsorted, typename Gather, typename Pack, typename Count>
+void decode_chosen_masks(const SegArgs& seg, int64_t B, const int64_t* counts, const at::Tensor& stable,
+                         Argsorted argsorted, Gather gather, Pack pack, Count count) {
   if (B == 0) return;
   const int64_t nm = seg.pd_coef.size(2), pixels = seg.proto.size(2) * seg.proto.size(3);
   std::vector<int64_t> n_of(counts, counts + B);  // the counts by position
@@ -95,17 +94,18 @@ void decode_chosen_masks(const SegArgs& seg, const at::Tensor& per_image, const 
   if (n_of[0] == 0) return;
   bool ties = false;
   for (int64_t p = 1; p < B && n_of[p] > 0; ++p) ties = ties || n_of[p] == n_of[p - 1];
-  const auto order = ties ? at::argsort(per_image, /*dim=*/-1, /*descending=*/true) : stable;
+  const at::Tensor order = ties ? argsorted() : stable;
   const bool whole = nm * pixels * c10::elementSize(operand_dtype(seg.proto)) % kAllocationAlignment == 0;
-  const auto ordered = whole ? autocast_operand(gather(order)).flatten(2) : at::Tensor();
+  const auto ordered = whole ? autocast_operand(gather(order)) : at::Tensor();
   auto coef = at::empty({B, n_of[0], nm}, seg.pd_coef.options());
   pack(coef, order);
   for (int64_t start = 0; start < B && n_of[start] > 0;) {
     const int64_t n = n_of[start];
     const int64_t stop = std::min(B, start + std::max<int64_t>(1, kChunkPixels / (n * pixels)));
-    const auto lhs = autocast_operand(coef.slice(0, start, stop).slice(1, 0, n));
-    const auto rhs = whole ? ordered.slice(0, start, stop)
-                           : autocast_operand(gather(order.slice(0, start, stop))).flatten(2);
+    const bool all = start == 0 && stop == B;  // then n is n0
+    const auto lhs = autocast_operand(all ? coef : coef.slice(0, start, stop).slice(1, 0, n));
+    const auto rhs = whole ? (all ? ordered : ordered.slice(0, start, stop))
+                           : autocast_operand(gather(all ? order : order.slice(0, start, stop)));
     count(at::bmm(lhs, rhs), start, stop, order);
     start = stop;
   }

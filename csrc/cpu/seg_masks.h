@@ -129,7 +129,8 @@ void count_mask_ious(SegRows<T>& rows, const SegArgs& seg, const T* pd, int64_t 
     });
   };
   auto gather = [&](const at::Tensor& images) { return gather_images(seg.proto, images); };
-  decode_chosen_masks(seg, per_image, per, stable_order_by_count(per, B), gather, pack, count);
+  auto argsorted = [&] { return at::argsort(per_image, /*dim=*/-1, /*descending=*/true); };
+  decode_chosen_masks(seg, B, per, stable_order_by_count(per, B), argsorted, gather, pack, count);
 }
 
 }  // namespace cpu

@@ -34,14 +34,13 @@
 // Segmentation (assign_seg) runs the three row kernels twice: first with MaskChoicePass, each row choosing its
 // min(3K, A) pairs by box metric plus eps (step 2 of docs/spec.md, "Segmentation"), then, once the chosen pairs' mask
 // IoUs are known, with ClaimPass as above, the overlap being the mean of box overlap and mask IoU. Between them
-// (mask_ious below, seg_masks.cuh): the chosen anchors' slots and the images ordered by their counts (two launches);
-// the per-image counts copied to pinned host memory, then the rows' sorted lists and the objects' mask pixels (two
-// launches, which need no count), then the wait for the copy (the one synchronisation: the decode's shapes depend on
-// the counts); and the decode of mask_decode.h: the images' order (that of the device, or ATen's argsort when
-// positive counts are equal), the prototypes gathered in that order (one launch) and the packed coefficients (one
-// launch), then per chunk ATen's batched product (as the reference reaches it) and the pixel counts of its pairs
-// (one launch). Its buffers: O(B*M*k3 + B*A) in the workspace, the gathered prototypes, the packed coefficients and
-// one chunk at a time.
+// (mask_ious below, seg_masks.cuh): the chosen anchors' slots, the rows' sorted lists and the objects' mask pixels
+// (one launch) and the images ordered by their counts (one launch); the per-image counts copied to pinned host memory
+// and the wait for them (the one synchronisation: the decode's shapes depend on the counts); and the decode of
+// mask_decode.h: the images' order (that of the device, or ATen's argsort when positive counts are equal), the
+// prototypes gathered in that order (one launch) and the packed coefficients (one launch), then per chunk ATen's
+// batched product (as the reference reaches it) and the pixel counts of its pairs (one launch). Its buffers:
+// O(B*M*k3 + B*A) in the workspace, the gathered prototypes, the packed coefficients and one chunk at a time.
 //
 // Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*A + B*M) and all are carved from
 // one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only; results do
@@ -50,6 +49,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -80,52 +80,41 @@ namespace {
 
 using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// Segmentation, after the choice (seg_masks.cuh): the slots of the chosen anchors, the per-image counts on the host
-// (the one synchronisation), the rows' sorted lists, the decode (mask_decode.h) and the chosen pairs' mask IoUs, as
-// step 2's overlap reads them.
+// Segmentation, after the choice (seg_masks.cuh): the slots of the chosen anchors, the rows' sorted lists and the
+// objects' mask pixels (one launch), the images' stable order, the per-image counts on the host (the one
+// synchronisation), the decode (mask_decode.h) and the chosen pairs' mask IoUs, as step 2's overlap reads them.
 template <typename S, typename T>
 SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& choices, const Workspace<T>& w,
                   const at::TensorOptions& opts, cudaStream_t stream) {
   const int64_t B = P.B, A = P.A, M = P.M;
   const int k3 = choices.k3;
-  // the chosen anchors of each image (per_image) and the images by decreasing count, ties by index (stable)
-  const auto counts_and_order = at::empty({2 * B}, opts.dtype(at::kLong));
-  const auto per_image = counts_and_order.slice(0, 0, B), stable = counts_and_order.slice(0, B, 2 * B);
-  chosen_slots_kernel<<<static_cast<unsigned>(B), kSlotThreads, 0, stream>>>(w.seg_chosen, A, w.seg_slot,
-                                                                            w.seg_anchor_of,
-                                                                            per_image.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  order_by_count_kernel<<<blocks_for(B), kThreads, 0, stream>>>(per_image.const_data_ptr<int64_t>(), B,
-                                                                 stable.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // the counts to the host (pinned, so that the copy is the stream's and the host waits for it alone); the launches
-  // until the wait need no count
-  const auto counts = at::empty({B}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-  C10_CUDA_CHECK(cudaMemcpyAsync(counts.data_ptr<int64_t>(), per_image.const_data_ptr<int64_t>(),
-                                 B * sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-  const HostWait copied(stream);
-  sort_choices_kernel<<<blocks_for(B * M * 32), kThreads, 0, stream>>>(w.seg_n, w.seg_anchors, w.seg_sorted, B * M,
-                                                                       k3);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   const auto gt = seg.gt_masks.scalar_type() == at::kBool ? seg.gt_masks : seg.gt_masks.ne(0);
   const int mh = static_cast<int>(seg.proto.size(2)), mw = static_cast<int>(seg.proto.size(3));
-  auto gt_count = at::empty({B * M}, opts.dtype(at::kLong));
-  mask_pixels_kernel<<<static_cast<unsigned>(B * M), kThreads, 0, stream>>>(
-      gt.const_data_ptr<bool>(), gt.stride(0), gt.stride(1), gt.stride(2), gt.stride(3), mh, mw, w.seg_n, M,
-      gt_count.data_ptr<int64_t>());
+  const ChosenRowsArgs rows{w.seg_chosen, w.seg_n, w.seg_anchors, gt.const_data_ptr<bool>(), gt.stride(0),
+                            gt.stride(1), gt.stride(2), gt.stride(3), B, A, M, k3, mh, mw, w.seg_slot,
+                            w.seg_anchor_of, w.seg_per_image, w.seg_sorted, w.seg_gt_count};
+  chosen_rows_kernel<<<blocks_for(chosen_rows_blocks(B, M), 1), kChosenThreads, 0, stream>>>(rows);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  copied.wait();  // the synchronisation
-  const auto scale = seg.mask_scale.reshape({B});
-  const MaskCountArgs args{w.seg_n, w.seg_sorted, w.seg_slot, P.pd, scale.const_data_ptr(), scale.stride(0),
-                           scale.scalar_type() == at::kDouble, gt.const_data_ptr<bool>(), gt.stride(0), gt.stride(1),
-                           gt.stride(2), gt.stride(3), gt_count.const_data_ptr<int64_t>(), w.seg_iou, A, M, k3, mh,
-                           mw};
+  // the images by decreasing count, ties by index
+  const auto stable = at::empty({B}, opts.dtype(at::kLong));
+  order_by_count_kernel<<<blocks_for(B), kThreads, 0, stream>>>(w.seg_per_image, B, stable.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // the counts to the host, through pinned memory (an asynchronous copy, then the wait for the stream)
+  const auto counts = at::empty({B}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  C10_CUDA_CHECK(cudaMemcpyAsync(counts.data_ptr<int64_t>(), w.seg_per_image, B * sizeof(int64_t),
+                                 cudaMemcpyDeviceToHost, stream));
+  c10::cuda::stream_synchronize(stream);  // the synchronisation (torch.cuda.set_sync_debug_mode sees it)
+  // mask_scale (B, 1) or (B,): image b's value at b * stride(0)
+  const MaskCountArgs args{w.seg_n, w.seg_sorted, w.seg_slot, P.pd, seg.mask_scale.const_data_ptr(),
+                           seg.mask_scale.stride(0), seg.mask_scale.scalar_type() == at::kDouble,
+                           gt.const_data_ptr<bool>(), gt.stride(0), gt.stride(1), gt.stride(2), gt.stride(3),
+                           w.seg_gt_count, w.seg_iou, A, M, k3, mh, mw};
   auto pack = [&](at::Tensor& coef, const at::Tensor& order) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, coef.scalar_type(), "seg_pack", [&] {
       const auto& in = seg.pd_coef;
       pack_coef_kernel<scalar_t><<<blocks_for(coef.numel()), kThreads, 0, stream>>>(
           in.const_data_ptr<scalar_t>(), in.stride(0), in.stride(1), in.stride(2), w.seg_anchor_of,
-          per_image.const_data_ptr<int64_t>(), order.const_data_ptr<int64_t>(), B, A, coef.size(1), coef.size(2),
+          w.seg_per_image, order.const_data_ptr<int64_t>(), B, A, coef.size(1), coef.size(2),
           coef.data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
@@ -139,21 +128,25 @@ SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& 
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   };
-  // proto[images]: 16 bytes a thread when the images are contiguous and a whole number of such units
+  // proto[images].flatten(2): 16 bytes a thread when the images are contiguous and a whole number of such units
   auto gather = [&](const at::Tensor& images) {
     const auto& proto = seg.proto;
     const int64_t bytes = proto.stride(0) * static_cast<int64_t>(proto.element_size());
     if (!proto.is_contiguous() || bytes % 16 != 0 || reinterpret_cast<uintptr_t>(proto.const_data_ptr()) % 16 != 0) {
       return gather_images(proto, images);
     }
-    auto out = at::empty({images.size(0), proto.size(1), proto.size(2), proto.size(3)}, proto.options());
+    auto out = at::empty({images.size(0), proto.size(1), proto.size(2) * proto.size(3)}, proto.options());
     gather_images_kernel<<<blocks_for(images.size(0) * (bytes / 16)), kThreads, 0, stream>>>(
         static_cast<const uint4*>(proto.const_data_ptr()), images.const_data_ptr<int64_t>(), images.size(0),
         bytes / 16, static_cast<uint4*>(out.data_ptr()));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   };
-  decode_chosen_masks(seg, per_image, counts.const_data_ptr<int64_t>(), stable, gather, pack, count);
+  // on equal positive counts: the order of at::argsort itself
+  auto argsorted = [&] {
+    return at::argsort(at::from_blob(w.seg_per_image, {B}, opts.dtype(at::kLong)), /*dim=*/-1, /*descending=*/true);
+  };
+  decode_chosen_masks(seg, B, counts.const_data_ptr<int64_t>(), stable, argsorted, gather, pack, count);
   return SegView{true, k3, w.seg_n, w.seg_sorted, w.seg_iou};
 }
 
@@ -163,6 +156,9 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
              const PoseArgs* pose_args, const SegArgs* seg_args) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const c10::cuda::CUDAGuard guard(pd_scores.device());
+  // the ATen calls below make working tensors (and the outputs, which never require grad): no autograd or view
+  // tracking for them
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   TORCH_CHECK(A < std::numeric_limits<int32_t>::max() / 2, "lucid.assign: too many anchors (", A, ")");
   TORCH_CHECK(topk < std::numeric_limits<int32_t>::max() && topk2 < std::numeric_limits<int32_t>::max(),
               "topk and topk2 must fit in 32 bits");

@@ -1,10 +1,8 @@
-// Launch helpers of the GPU ops: grid sizes, facts about a kernel asked of the driver once per device, and the host's
-// wait for a point of a stream.
+// Launch helpers of the GPU ops: grid sizes, and facts about a kernel asked of the driver once per device.
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -94,29 +92,6 @@ unsigned persistent_grid(Kernel kernel, int threads, int64_t smem, int64_t items
   const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, sms * occupancy(kernel, threads, smem))));
 }
-
-// The host's wait for the work a stream holds now (an event recorded there, without timing), so that work queued after
-// it runs on while the host waits. wait() is a synchronisation, as torch.cuda.set_sync_debug_mode sees it.
-class HostWait {
- public:
-  explicit HostWait(cudaStream_t stream) {
-    C10_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    const cudaError_t recorded = cudaEventRecord(event_, stream);
-    if (recorded != cudaSuccess) cudaEventDestroy(event_);
-    C10_CUDA_CHECK(recorded);
-  }
-  ~HostWait() { C10_CUDA_IGNORE_ERROR(cudaEventDestroy(event_)); }
-  HostWait(const HostWait&) = delete;
-  HostWait& operator=(const HostWait&) = delete;
-
-  void wait() const {
-    c10::cuda::warn_or_error_on_sync();
-    C10_CUDA_CHECK(cudaEventSynchronize(event_));
-  }
-
- private:
-  cudaEvent_t event_;
-};
 
 }  // namespace gpu
 }  // namespace lucid

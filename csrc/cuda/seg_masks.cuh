@@ -1,9 +1,9 @@
 // Segmentation on the GPU (docs/spec.md, "Segmentation"): after the row kernels have chosen each row's pairs for a
-// mask IoU (MaskChoicePass), the chosen anchors of each image get their slots (chosen_slots_kernel), the images are
-// ordered by their counts (order_by_count_kernel), each row's list is sorted (sort_choices_kernel) and each such row's mask pixels counted (mask_pixels_kernel); the decode
-// (mask_decode.h) packs the chosen anchors' coefficients (pack_coef_kernel) and, chunk by chunk of its products,
-// count_masks_kernel counts each chosen pair's pixels into its IoU. Integer counts only: the results do not depend
-// on the order of threads.
+// mask IoU (MaskChoicePass), one launch (chosen_rows_kernel) gives the chosen anchors of each image their slots, sorts
+// each row's list and counts each such row's mask pixels; the images are ordered by their counts
+// (order_by_count_kernel); the decode (mask_decode.h) packs the chosen anchors' coefficients (pack_coef_kernel) and,
+// chunk by chunk of its products, count_masks_kernel counts each chosen pair's pixels into its IoU. Integer counts
+// only: the results do not depend on the order of threads.
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -19,29 +19,88 @@
 namespace lucid {
 namespace gpu {
 
-// A block per image: the slot of each chosen anchor among the image's chosen anchors (increasing), the anchor of each
-// slot, and their count.
-constexpr int kSlotThreads = 1024;
+constexpr int kChosenThreads = 1024;
+constexpr int kRowsPerSortBlock = kChosenThreads / 32;
 
-__global__ void __launch_bounds__(kSlotThreads)
-    chosen_slots_kernel(const int32_t* chosen, int64_t A, int32_t* slot, int32_t* anchor_of, int64_t* per_image) {
-  using Scan = cub::BlockScan<int, kSlotThreads>;
-  __shared__ typename Scan::TempStorage tmp;
-  const int64_t b = blockIdx.x;
-  int base = 0;
-  for (int64_t a0 = 0; a0 < A; a0 += kSlotThreads) {
-    const int64_t a = a0 + threadIdx.x;
-    const int on = a < A && chosen[b * A + a];
-    int offset, total;
-    Scan(tmp).ExclusiveSum(on, offset, total);
-    __syncthreads();
-    if (on) {
-      slot[b * A + a] = base + offset;
-      anchor_of[b * A + base + offset] = static_cast<int32_t>(a);
+// What chosen_rows_kernel reads and writes.
+struct ChosenRowsArgs {
+  const int32_t* chosen;   // (B*A) whether an image's anchor is chosen by any of its rows
+  const int32_t* n;        // (B*M) chosen pairs per row
+  const int32_t* anchors;  // (B*M*k3) each row's chosen anchors as taken
+  const bool* gt;          // object masks, element (b, m, y, x) at b*g0 + m*g1 + y*g2 + x*g3
+  int64_t g0, g1, g2, g3;
+  int64_t B, A, M;
+  int k3, mh, mw;
+  int32_t* slot;           // (B*A) an anchor's slot among its image's chosen anchors
+  int32_t* anchor_of;      // (B*A) the anchor of each slot of an image
+  int64_t* per_image;      // (B) chosen anchors per image
+  int32_t* sorted;         // (B*M*k3) each row's chosen anchors, increasing
+  int64_t* gt_count;       // (B*M) the pixels of each object's mask (rows with chosen pairs)
+};
+
+inline int64_t chosen_rows_blocks(int64_t B, int64_t M) {
+  return B + (B * M + kRowsPerSortBlock - 1) / kRowsPerSortBlock + B * M;
+}
+
+// Three jobs in one launch, by block: blocks [0, B) give each chosen anchor of image b its slot among the image's
+// chosen anchors (increasing), the anchor of each slot and their count; the next blocks sort the chosen anchors of
+// kRowsPerSortBlock rows each (a warp per row, each anchor placed by the count of smaller ones: they are distinct);
+// the last B*M count each row's mask pixels (a row of contiguous pixels at a 16-byte boundary is read 16 bool bytes,
+// 0 or 1 each, at a time).
+__global__ void __launch_bounds__(kChosenThreads) chosen_rows_kernel(ChosenRowsArgs c) {
+  using Scan = cub::BlockScan<int, kChosenThreads>;
+  using Reduce = cub::BlockReduce<int, kChosenThreads>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Reduce::TempStorage reduce;
+  } tmp;
+  const int64_t block = blockIdx.x, sort_blocks = (c.B * c.M + kRowsPerSortBlock - 1) / kRowsPerSortBlock;
+  if (block < c.B) {
+    const int64_t b = block;
+    int base = 0;
+    for (int64_t a0 = 0; a0 < c.A; a0 += kChosenThreads) {
+      const int64_t a = a0 + threadIdx.x;
+      const int on = a < c.A && c.chosen[b * c.A + a];
+      int offset, total;
+      Scan(tmp.scan).ExclusiveSum(on, offset, total);
+      __syncthreads();
+      if (on) {
+        c.slot[b * c.A + a] = base + offset;
+        c.anchor_of[b * c.A + base + offset] = static_cast<int32_t>(a);
+      }
+      base += total;
     }
-    base += total;
+    if (threadIdx.x == 0) c.per_image[b] = base;
+  } else if (block < c.B + sort_blocks) {
+    const int64_t row = (block - c.B) * kRowsPerSortBlock + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= c.B * c.M) return;
+    const int32_t* in = c.anchors + row * c.k3;
+    const int count = c.n[row];
+    for (int i = lane; i < count; i += 32) {
+      const int32_t a = in[i];
+      int before = 0;
+      for (int j = 0; j < count; ++j) before += in[j] < a;
+      c.sorted[row * c.k3 + before] = a;
+    }
+  } else {
+    const int64_t row = block - c.B - sort_blocks;
+    if (c.n[row] == 0) return;  // the same in the whole block
+    const bool* g = c.gt + (row / c.M) * c.g0 + (row % c.M) * c.g1;
+    const int pixels = c.mh * c.mw;
+    int mine = 0;
+    if (c.g3 == 1 && c.g2 == c.mw && pixels % 16 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0) {
+      const uint4* v = reinterpret_cast<const uint4*>(g);
+      for (int i = threadIdx.x; i < pixels / 16; i += kChosenThreads) {
+        const uint4 w = v[i];
+        mine += __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
+      }
+    } else {
+      for (int i = threadIdx.x; i < pixels; i += kChosenThreads) mine += g[(i / c.mw) * c.g2 + (i % c.mw) * c.g3];
+    }
+    const int total = Reduce(tmp.reduce).Sum(mine);
+    if (threadIdx.x == 0) c.gt_count[row] = total;
   }
-  if (threadIdx.x == 0) per_image[b] = base;
 }
 
 // A thread per image: its place among the images by decreasing count with ties in increasing index (a stable
@@ -59,22 +118,6 @@ __global__ void __launch_bounds__(kThreads)
   order[place] = b;
 }
 
-// A warp per row: its chosen anchors (distinct) in increasing order, each placed by the count of smaller ones.
-__global__ void __launch_bounds__(kThreads)
-    sort_choices_kernel(const int32_t* n, const int32_t* anchors, int32_t* sorted, int64_t rows, int k3) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const int32_t* in = anchors + row * k3;
-  const int count = n[row];
-  for (int i = lane; i < count; i += 32) {
-    const int32_t a = in[i];
-    int before = 0;
-    for (int j = 0; j < count; ++j) before += in[j] < a;
-    sorted[row * k3 + before] = a;
-  }
-}
-
 // A thread per value of coef (B, n0, nm), contiguous: row (p, s) holds pd_coef[b, a, :] (any strides) for the s-th
 // chosen anchor a of image b = order[p], copied as it is, or zeros past the image's count.
 template <typename E>
@@ -86,31 +129,6 @@ __global__ void __launch_bounds__(kThreads)
   if (i >= B * n0 * nm) return;
   const int64_t c = i % nm, s = (i / nm) % n0, b = order[i / (nm * n0)];
   coef[i] = s < per_image[b] ? pd_coef[b * s0 + anchor_of[b * A + s] * s1 + c * s2] : E(0);
-}
-
-// A block per object row with chosen pairs: the pixels of its mask (gt, element (b, m, y, x) at b*g0 + m*g1 + y*g2 +
-// x*g3). A row of contiguous pixels at a 16-byte boundary is read 16 bool bytes (0 or 1 each) at a time.
-__global__ void __launch_bounds__(kThreads)
-    mask_pixels_kernel(const bool* gt, int64_t g0, int64_t g1, int64_t g2, int64_t g3, int mh, int mw,
-                       const int32_t* n, int64_t M, int64_t* count) {
-  using Reduce = cub::BlockReduce<int, kThreads>;
-  __shared__ typename Reduce::TempStorage tmp;
-  const int64_t row = blockIdx.x;
-  if (n[row] == 0) return;  // the same in the whole block
-  const bool* g = gt + (row / M) * g0 + (row % M) * g1;
-  const int pixels = mh * mw;
-  int mine = 0;
-  if (g3 == 1 && g2 == mw && pixels % 16 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0) {
-    const uint4* v = reinterpret_cast<const uint4*>(g);
-    for (int i = threadIdx.x; i < pixels / 16; i += kThreads) {
-      const uint4 w = v[i];
-      mine += __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
-    }
-  } else {
-    for (int i = threadIdx.x; i < pixels; i += kThreads) mine += g[(i / mw) * g2 + (i % mw) * g3];
-  }
-  const int total = Reduce(tmp).Sum(mine);
-  if (threadIdx.x == 0) count[row] = total;
 }
 
 // A decoded value's pixel is set when it is > 0 (in its own dtype: widening is exact).

@@ -85,6 +85,8 @@ struct Workspace {
   float* seg_iou;
   int32_t* seg_slot;
   int32_t* seg_anchor_of;  // (B*A) the anchor of each slot of an image
+  int64_t* seg_per_image;  // (B) chosen anchors per image
+  int64_t* seg_gt_count;   // (B*M) pixels of each object's mask
 
   void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D, bool pose = false, int64_t k3 = 0) {
     const bool seg = k3 > 0;
@@ -137,6 +139,8 @@ struct Workspace {
     seg_iou = L.take<float>(B * M * k3);
     seg_slot = L.take<int32_t>(seg ? B * A : 0);
     seg_anchor_of = L.take<int32_t>(seg ? B * A : 0);
+    seg_per_image = L.take<int64_t>(seg ? B : 0);
+    seg_gt_count = L.take<int64_t>(seg ? B * M : 0);
   }
 };
 
