@@ -271,17 +271,25 @@ def chosen_per_image(inputs, **kw):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("copies", [False, True], ids=["distinct_counts", "equal_counts"])
-def test_images_ordered_by_count(peer_tal, library, device, copies):
-    """The decode takes the images by decreasing count of chosen anchors: the kernels order them on the host when
-    all counts differ and call the sort routine when some are equal (here: every image a copy of the first). Both
-    ways must give the peer's result."""
-    inputs = problem(16, batch=4, objects=(6, 20), device=device)
-    if copies:
+@pytest.mark.parametrize("counts", ["distinct", "equal", "distinct_and_zeros"])
+def test_images_ordered_by_count(peer_tal, library, device, counts):
+    """The decode takes the images by decreasing count of chosen anchors: the kernels order them themselves when no
+    two positive counts are equal and call the sort routine when some are (here: every image a copy of the first).
+    Images without chosen anchors (here: two without objects) are never decoded, so their equal counts need no
+    sort. Every way must give the peer's result."""
+    inputs = problem(16, batch=5 if counts == "distinct_and_zeros" else 4, objects=(6, 20), device=device)
+    if counts == "equal":
         inputs = [t if i == 2 else t[:1].expand_as(t).clone() for i, t in enumerate(inputs)]  # anc_points: (A, 2)
+    if counts == "distinct_and_zeros":
+        inputs[5] = inputs[5].clone()
+        inputs[5][1::2] = 0  # mask_gt: images 1 and 3 without objects
     kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
-    counts = chosen_per_image(inputs, **kw)
-    assert (len(set(counts)) == 1) if copies else (len(set(counts)) == len(counts)), counts
+    n = chosen_per_image(inputs, **kw)
+    positive = [c for c in n if c > 0]
+    if counts == "equal":
+        assert len(set(n)) == 1 and n[0] > 0, n
+    else:
+        assert len(set(positive)) == len(positive) and len(n) - len(positive) == (2 if counts != "distinct" else 0), n
     want = run_reference(inputs, **kw)
     assert_equal(want, run_peer(peer_tal, device, inputs, **kw))
     assert_kernel_matches(run_kernel(inputs, **kw), want, device)
