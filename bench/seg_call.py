@@ -69,8 +69,8 @@ def main(argv=None):
                 host, new = zip(*(timed(lambda s=s: assigner(s, *box[1:], **seg), device) for s in scores))
                 same = [timed(lambda: assigner(*box, **seg), device)[1] for _ in range(args.calls)]
             print(f"{objects:>4} objects, topk {topk:>2}/{topk2:<2}: new shapes {statistics.median(new) * 1e6:8.1f} us "
-                  f"(host {statistics.median(host) * 1e6:7.1f} us), same inputs {statistics.median(same) * 1e6:8.1f} us",
-                  flush=True)
+                  f"(host {statistics.median(host) * 1e6:7.1f} us), "
+                  f"same inputs {statistics.median(same) * 1e6:8.1f} us", flush=True)
 
     assigner = loss.SegTaskAlignedAssigner(topk=10, num_classes=bench.num_classes_of("seg"), alpha=0.5, beta=6.0,
                                            stride=[8, 16, 32])

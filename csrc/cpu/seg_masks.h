@@ -1,9 +1,9 @@
 // Segmentation on the CPU (docs/spec.md, "Segmentation"): step 2's overlap of a candidate pair is the mean of its box
 // overlap and a mask IoU, which is 0 except for each object's min(3K, A) best pairs by box metric. SegRows chooses
 // those pairs (the top-k of row_select.h over `s^alpha * o^beta + eps`), decodes the chosen anchors' masks
-// (mask_decode.h: ATen's batched product in the reference's shapes) and counts each chosen pair's pixels; the assignment then
-// reads the IoUs through OverlapBatch. Memory: O(B*M*3K + B*A), the decoded chunk, and a bool copy of gt_masks when
-// it is not bool.
+// (mask_decode.h: ATen's batched product in the reference's shapes) and counts each chosen pair's pixels; the
+// assignment then reads the IoUs through OverlapBatch. Memory: O(B*M*3K + B*A), the decoded chunk, and a bool copy of
+// gt_masks when it is not bool.
 #pragma once
 
 #include <ATen/ATen.h>
