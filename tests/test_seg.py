@@ -358,6 +358,22 @@ def test_the_kernels_check_their_arguments(library):
         run_kernel(bad, num_classes=3, topk=10)
 
 
+@pytest.mark.cuda
+def test_pair_slot_limit(library):
+    """On CUDA the pieces of the chosen pairs' pixel counts are indexed in 32 bits: more than (2^31 - 1) // 8 pair
+    slots (B x M x min(3 * topk, A)) is an error naming them, raised before any work (docs/odd-inputs.md)."""
+    limit = (2**31 - 1) // 8
+    anchors, topk = 30, 10  # min(3 * topk, A) = 30
+    objects = limit // anchors + 1
+    z = dict(device="cuda")
+    inputs = [torch.rand(1, anchors, 3, **z), torch.rand(1, anchors, 4, **z), torch.rand(anchors, 2, **z),
+              torch.zeros(1, objects, 1, **z), torch.zeros(1, objects, 4, **z), torch.zeros(1, objects, 1, **z),
+              torch.rand(1, anchors, 2, **z), torch.ones(1, 1, **z), torch.rand(1, 2, 1, 1, **z),
+              torch.zeros(1, objects, 1, 1, dtype=torch.bool, **z)]
+    with pytest.raises(RuntimeError, match=f"too many pair slots .*1 x {objects} x {anchors}; at most {limit}"):
+        run_kernel(inputs, num_classes=3, topk=topk)
+
+
 @pytest.mark.parametrize("eps", [0.0, -1e-9, float("nan")])
 def test_eps_must_be_positive(library, eps):
     """Step 6 divides by pa + eps: with eps <= 0 a row owning nothing divides 0 by 0, so eps is refused."""

@@ -32,15 +32,17 @@
 //       per anchor the outputs; the scores are normalised by the row maxima.
 //
 // Segmentation (assign_seg) runs the three row kernels twice: first with MaskChoicePass, each row choosing its
-// min(3K, A) pairs by box metric plus eps (step 2 of docs/spec.md, "Segmentation"), then, once the chosen pairs' mask
-// IoUs are known, with ClaimPass as above, the overlap being the mean of box overlap and mask IoU. Between them
-// (mask_ious below, seg_masks.cuh): the chosen anchors' slots, the rows' sorted lists and the objects' mask pixels
-// (one launch) and the images ordered by their counts (one launch); the per-image counts copied to pinned host memory
-// and the wait for them (the one synchronisation: the decode's shapes depend on the counts); and the decode of
-// mask_decode.h: the images' order (that of the device, or ATen's argsort when positive counts are equal), the
-// prototypes gathered in that order (one launch) and the packed coefficients (one launch), then per chunk ATen's
-// batched product (as the reference reaches it) and the pixel counts of its pairs (one launch). Its buffers:
-// O(B*M*k3 + B*A) in the workspace, the gathered prototypes, the packed coefficients and one chunk at a time.
+// min(3K, A) pairs by box metric plus eps (step 2 of docs/spec.md, "Segmentation") and each image counting its
+// chosen anchors, then, once the chosen pairs' mask pixels are counted, with ClaimPass as above, the overlap being
+// the mean of box overlap and mask IoU. Between them (mask_ious below, seg_masks.cuh): the images ordered by their
+// counts (one launch) and the counts copied to pinned host memory; while they travel, the chosen anchors' slots,
+// the rows' sorted lists and the objects' mask pixels (one launch) and the chosen pairs' crops cut into pieces (one
+// launch); the wait for the copy (the one synchronisation: the decode's shapes depend on the counts); and the
+// decode of mask_decode.h: the images' order (that of the device, or ATen's argsort when positive counts are
+// equal), the prototypes gathered in that order (one launch) and the packed coefficients (one launch), then per
+// chunk ATen's batched product (as the reference reaches it) and the pixel counts of its pieces (one launch). Its
+// buffers: O(B*M*k3 + B*A) in the workspace, the gathered prototypes, the packed coefficients and one chunk at a
+// time.
 //
 // Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*A + B*M) and all are carved from
 // one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only; results do
@@ -51,12 +53,14 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/core/impl/GPUTrace.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <limits>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "amp.h"
 #include "assign_io.h"
@@ -80,35 +84,60 @@ namespace {
 
 using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// Segmentation, after the choice (seg_masks.cuh): the slots of the chosen anchors, the rows' sorted lists and the
-// objects' mask pixels (one launch), the images' stable order, the per-image counts on the host (the one
-// synchronisation), the decode (mask_decode.h) and the chosen pairs' mask IoUs, as step 2's overlap reads them.
+// The event that marks the end of the copy of the counts, one per device for each host thread (made once, reused).
+cudaEvent_t counts_copied_event() {
+  thread_local std::vector<cudaEvent_t> events;
+  const auto device = static_cast<size_t>(c10::cuda::current_device());
+  if (events.size() <= device) events.resize(device + 1, nullptr);
+  if (events[device] == nullptr) C10_CUDA_CHECK(cudaEventCreateWithFlags(&events[device], cudaEventDisableTiming));
+  return events[device];
+}
+
+// Segmentation, after the choice (seg_masks.cuh): the images' stable order and the per-image counts on their way to
+// the host; meanwhile on the device the slots of the chosen anchors, the rows' sorted lists, the objects' mask pixels
+// and the chosen pairs' crops and pieces; the wait for the counts (the one synchronisation), the decode
+// (mask_decode.h) and the chosen pairs' pixel counts, as step 2's overlap reads them (SegView).
 template <typename S, typename T>
 SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& choices, const Workspace<T>& w,
                   const at::TensorOptions& opts, cudaStream_t stream) {
   const int64_t B = P.B, A = P.A, M = P.M;
   const int k3 = choices.k3;
-  const auto gt = seg.gt_masks.scalar_type() == at::kBool ? seg.gt_masks : seg.gt_masks.ne(0);
   const int mh = static_cast<int>(seg.proto.size(2)), mw = static_cast<int>(seg.proto.size(3));
-  const ChosenRowsArgs rows{w.seg_chosen, w.seg_n, w.seg_anchors, gt.const_data_ptr<bool>(), gt.stride(0),
-                            gt.stride(1), gt.stride(2), gt.stride(3), B, A, M, k3, mh, mw, w.seg_slot,
-                            w.seg_anchor_of, w.seg_per_image, w.seg_sorted, w.seg_gt_count};
-  chosen_rows_kernel<<<blocks_for(chosen_rows_blocks(B, M), 1), kChosenThreads, 0, stream>>>(rows);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   // the images by decreasing count, ties by index
   const auto stable = at::empty({B}, opts.dtype(at::kLong));
   order_by_count_kernel<<<blocks_for(B), kThreads, 0, stream>>>(w.seg_per_image, B, stable.data_ptr<int64_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  // the counts to the host, through pinned memory (an asynchronous copy, then the wait for the stream)
+  // the counts to the host, through pinned memory (an asynchronous copy, waited for below: the synchronisation,
+  // which torch.cuda.set_sync_debug_mode sees as it sees c10::cuda::stream_synchronize; asked before the copy, so
+  // that an error it raises leaves no copy in flight)
+  if (C10_UNLIKELY(c10::cuda::warning_state().get_sync_debug_mode() != c10::cuda::SyncDebugMode::L_DISABLED)) {
+    c10::cuda::warn_or_error_on_sync();
+  }
   const auto counts = at::empty({B}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
   C10_CUDA_CHECK(cudaMemcpyAsync(counts.data_ptr<int64_t>(), w.seg_per_image, B * sizeof(int64_t),
                                  cudaMemcpyDeviceToHost, stream));
-  c10::cuda::stream_synchronize(stream);  // the synchronisation (torch.cuda.set_sync_debug_mode sees it)
+  const cudaEvent_t copied = counts_copied_event();
+  C10_CUDA_CHECK(cudaEventRecord(copied, stream));
+  // what the decode's counting needs, while the counts travel and the host prepares the decode
+  const auto gt = seg.gt_masks.scalar_type() == at::kBool ? seg.gt_masks : seg.gt_masks.ne(0);
+  const ChosenRowsArgs rows{w.seg_chosen, w.seg_n, w.seg_anchors, gt.const_data_ptr<bool>(), gt.stride(0),
+                            gt.stride(1), gt.stride(2), gt.stride(3), B, A, M, k3, mh, mw, w.seg_slot,
+                            w.seg_anchor_of, w.seg_sorted, w.seg_gt_count};
+  chosen_rows_kernel<<<blocks_for(chosen_rows_blocks(B, M), 1), kChosenThreads, 0, stream>>>(rows);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   // mask_scale (B, 1) or (B,): image b's value at b * stride(0)
-  const MaskCountArgs args{w.seg_n, w.seg_sorted, w.seg_slot, P.pd, seg.mask_scale.const_data_ptr(),
-                           seg.mask_scale.stride(0), seg.mask_scale.scalar_type() == at::kDouble,
-                           gt.const_data_ptr<bool>(), gt.stride(0), gt.stride(1), gt.stride(2), gt.stride(3),
-                           w.seg_gt_count, w.seg_iou, A, M, k3, mh, mw};
+  const PieceArgs piece_args{w.seg_n, w.seg_sorted, w.seg_slot, P.pd, seg.mask_scale.const_data_ptr(),
+                             seg.mask_scale.stride(0), seg.mask_scale.scalar_type() == at::kDouble, A, M, k3, mh, mw,
+                             w.seg_crops, w.seg_pieces, w.seg_piece_n};
+  pieces_kernel<<<blocks_for(B, 1), kChosenThreads, 0, stream>>>(piece_args);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // the wait for the counts
+  if (const auto* interp = c10::impl::GPUTrace::get_trace()) {
+    (*interp)->trace_gpu_event_synchronization(c10::kCUDA, reinterpret_cast<uintptr_t>(copied));
+  }
+  C10_CUDA_CHECK(cudaEventSynchronize(copied));
+  const MaskCountArgs args{w.seg_piece_n, w.seg_pieces, w.seg_crops, gt.const_data_ptr<bool>(), gt.stride(0),
+                           gt.stride(1), gt.stride(2), gt.stride(3), w.seg_counts, M, k3, mh, mw};
   auto pack = [&](at::Tensor& coef, const at::Tensor& order) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, coef.scalar_type(), "seg_pack", [&] {
       const auto& in = seg.pd_coef;
@@ -122,9 +151,10 @@ SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& 
   auto count = [&](const at::Tensor& decoded_in, int64_t start, int64_t stop, const at::Tensor& order) {
     const auto decoded = decoded_in.contiguous();
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, decoded.scalar_type(), "seg_count", [&] {
-      count_masks_kernel<scalar_t><<<blocks_for((stop - start) * M * k3 * kCountThreads, kCountThreads),
-                                     kCountThreads, 0, stream>>>(decoded.const_data_ptr<scalar_t>(), decoded.size(1),
-                                                                 start, order.const_data_ptr<int64_t>(), args);
+      auto kernel = count_masks_kernel<scalar_t>;
+      kernel<<<persistent_grid(kernel, kThreads, 0, std::numeric_limits<int32_t>::max()), kThreads, 0, stream>>>(
+          decoded.const_data_ptr<scalar_t>(), decoded.size(1), static_cast<int32_t>(start), static_cast<int32_t>(stop),
+          order.const_data_ptr<int64_t>(), args);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   };
@@ -147,7 +177,7 @@ SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& 
     return at::argsort(at::from_blob(w.seg_per_image, {B}, opts.dtype(at::kLong)), /*dim=*/-1, /*descending=*/true);
   };
   decode_chosen_masks(seg, B, counts.const_data_ptr<int64_t>(), stable, argsorted, gather, pack, count);
-  return SegView{true, k3, w.seg_n, w.seg_sorted, w.seg_iou};
+  return SegView{true, k3, w.seg_n, w.seg_sorted, w.seg_counts, w.seg_gt_count};
 }
 
 Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
@@ -303,7 +333,7 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
         }
       };
       if (seg_args != nullptr) {  // step 2 for segmentation: the chosen pairs and their mask IoUs
-        const SegChoices choices{w.seg_n, w.seg_anchors, w.seg_chosen, A, M, static_cast<int>(k3)};
+        const SegChoices choices{w.seg_n, w.seg_anchors, w.seg_chosen, w.seg_per_image, A, M, static_cast<int>(k3)};
         row_kernels(MaskChoicePass<S, T>{choices, static_cast<int>(k3)}, w.seg_medium_n, w.seg_medium_next,
                     w.seg_big_n);
         P.seg = mask_ious(*seg_args, P, choices, w, opts, stream);
@@ -374,6 +404,10 @@ Outputs5 assign_seg_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
                                        num_classes, stride_val, eps);
   check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
   const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A)};
+  // the pieces of the chosen pairs are indexed in 32 bits (seg_masks.cuh)
+  TORCH_CHECK(d.B * d.M * seg.k3 < std::numeric_limits<int32_t>::max() / kMaxPieces,
+              "lucid.assign_seg on CUDA: too many pair slots (B x M x min(3 * topk, A) = ", d.B, " x ", d.M, " x ",
+              seg.k3, "; at most ", std::numeric_limits<int32_t>::max() / kMaxPieces, ")");
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
              eps, stride_val, nullptr, &seg);
 }

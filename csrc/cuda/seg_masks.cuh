@@ -1,9 +1,11 @@
-// Segmentation on the GPU (docs/spec.md, "Segmentation"): after the row kernels have chosen each row's pairs for a
-// mask IoU (MaskChoicePass), one launch (chosen_rows_kernel) gives the chosen anchors of each image their slots, sorts
-// each row's list and counts each such row's mask pixels; the images are ordered by their counts
-// (order_by_count_kernel); the decode (mask_decode.h) packs the chosen anchors' coefficients (pack_coef_kernel) and,
-// chunk by chunk of its products, count_masks_kernel counts each chosen pair's pixels into its IoU. Integer counts
-// only: the results do not depend on the order of threads.
+// Segmentation on the GPU (docs/spec.md, "Segmentation"): the row kernels choose each row's pairs for a mask IoU
+// (MaskChoicePass, which also counts each image's chosen anchors) and the images are ordered by those counts
+// (order_by_count_kernel); once the counts are on their way to the host, one launch (chosen_rows_kernel) gives the
+// chosen anchors of each image their slots, sorts each row's list and counts each such row's mask pixels, and another
+// (pieces_kernel) gives each chosen pair its crop and cuts the crop into pieces of rows, listed by image; the decode
+// (mask_decode.h) packs the chosen anchors' coefficients (pack_coef_kernel) and, chunk by chunk of its products,
+// count_masks_kernel counts each piece's pixels into its pair's counts. Integer counts only: the results do not
+// depend on the order of threads.
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -33,7 +35,6 @@ struct ChosenRowsArgs {
   int k3, mh, mw;
   int32_t* slot;           // (B*A) an anchor's slot among its image's chosen anchors
   int32_t* anchor_of;      // (B*A) the anchor of each slot of an image
-  int64_t* per_image;      // (B) chosen anchors per image
   int32_t* sorted;         // (B*M*k3) each row's chosen anchors, increasing
   int64_t* gt_count;       // (B*M) the pixels of each object's mask (rows with chosen pairs)
 };
@@ -43,7 +44,7 @@ inline int64_t chosen_rows_blocks(int64_t B, int64_t M) {
 }
 
 // Three jobs in one launch, by block: blocks [0, B) give each chosen anchor of image b its slot among the image's
-// chosen anchors (increasing), the anchor of each slot and their count; the next blocks sort the chosen anchors of
+// chosen anchors (increasing) and the anchor of each slot; the next blocks sort the chosen anchors of
 // kRowsPerSortBlock rows each (a warp per row, each anchor placed by the count of smaller ones: they are distinct);
 // the last B*M count each row's mask pixels (a row of contiguous pixels at a 16-byte boundary is read 16 bool bytes,
 // 0 or 1 each, at a time).
@@ -70,7 +71,6 @@ __global__ void __launch_bounds__(kChosenThreads) chosen_rows_kernel(ChosenRowsA
       }
       base += total;
     }
-    if (threadIdx.x == 0) c.per_image[b] = base;
   } else if (block < c.B + sort_blocks) {
     const int64_t row = (block - c.B) * kRowsPerSortBlock + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -131,6 +131,72 @@ __global__ void __launch_bounds__(kThreads)
   coef[i] = s < per_image[b] ? pd_coef[b * s0 + anchor_of[b * A + s] * s1 + c * s2] : E(0);
 }
 
+// A chosen pair's crop of the mask pixels, [x0, x1) x [y0, y1), its predicted mask's slot among its image's chosen
+// anchors, and the crop cut into `pieces` runs of `rows` rows (the last one shorter).
+struct alignas(16) PairCrop {
+  int32_t slot, x0, x1, y0, y1, rows, pieces, unused;
+};
+
+// A piece is at least kPiecePixels pixels (a warp's pass over them is a few loads per lane) and a crop at most
+// kMaxPieces pieces (an image-sized crop is spread over that many warps).
+constexpr int kPiecePixels = 256;
+constexpr int kMaxPieces = 8;
+
+// What pieces_kernel reads and writes.
+struct PieceArgs {
+  const int32_t* n;       // (B*M) chosen pairs per row
+  const int32_t* sorted;  // (B*M*k3)
+  const int32_t* slot;    // (B*A)
+  const float* pd;        // (B*A, 4) predicted boxes
+  const void* scale;      // (B) with stride scale_stride: box units to mask pixels
+  int64_t scale_stride;
+  bool scale_double;
+  int64_t A, M;
+  int k3, mh, mw;
+  PairCrop* crops;        // (B*M*k3)
+  int32_t* pieces;        // (B, M*k3*kMaxPieces): entry r * kMaxPieces + q is piece q of pair r = m * k3 + j
+  int32_t* piece_n;       // (B)
+};
+
+// A block per image: each chosen pair (row, j) of its rows, in order, gets its crop (the predicted box scaled to mask
+// pixels) and its pieces, listed one after another (a scan over the pairs).
+__global__ void __launch_bounds__(kChosenThreads) pieces_kernel(PieceArgs c) {
+  using Scan = cub::BlockScan<int, kChosenThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  const int64_t b = blockIdx.x, pairs = c.M * c.k3;
+  int32_t* list = c.pieces + b * pairs * kMaxPieces;
+  auto scaled = [&](float v) {
+    if (c.scale_double) {
+      return static_cast<float>(__dmul_rn(v, static_cast<const double*>(c.scale)[b * c.scale_stride]));
+    }
+    return __fmul_rn(v, static_cast<const float*>(c.scale)[b * c.scale_stride]);
+  };
+  int base = 0;
+  for (int64_t r0 = 0; r0 < pairs; r0 += kChosenThreads) {
+    const int64_t r = r0 + threadIdx.x, w = b * pairs + r;
+    int mine = 0;
+    if (r < pairs && r % c.k3 < c.n[b * c.M + r / c.k3]) {
+      const int64_t a = c.sorted[w];
+      const float* box = c.pd + (b * c.A + a) * 4;
+      const geom::PixelRange xs = geom::crop_range(scaled(box[0]), scaled(box[2]), c.mw);
+      const geom::PixelRange ys = geom::crop_range(scaled(box[1]), scaled(box[3]), c.mh);
+      const int width = xs.end - xs.first, height = ys.end - ys.first;
+      int rows = 0;
+      if (width > 0 && height > 0) {
+        rows = max((kPiecePixels + width - 1) / width, (height + kMaxPieces - 1) / kMaxPieces);
+        mine = (height + rows - 1) / rows;
+      }
+      c.crops[w] = PairCrop{c.slot[b * c.A + a], xs.first, xs.end, ys.first, ys.end, rows, mine, 0};
+    }
+    int offset, total;
+    Scan(tmp).ExclusiveSum(mine, offset, total);
+    __syncthreads();  // tmp is taken again
+    for (int q = 0; q < mine; ++q) list[base + offset + q] = static_cast<int32_t>(r) * kMaxPieces + q;
+    base += total;
+  }
+  if (threadIdx.x == 0) c.piece_n[b] = base;
+}
+
 // A decoded value's pixel is set when it is > 0 (in its own dtype: widening is exact).
 template <typename E>
 __device__ __forceinline__ bool positive(E v) {
@@ -140,86 +206,96 @@ __device__ __forceinline__ bool positive(double v) { return v > 0.0; }
 
 // What count_masks_kernel reads besides the decoded chunk.
 struct MaskCountArgs {
-  const int32_t* n;        // (B*M) chosen pairs per row
-  const int32_t* sorted;   // (B*M*k3)
-  const int32_t* slot;     // (B*A)
-  const float* pd;         // (B*A, 4) predicted boxes
-  const void* scale;       // (B) with stride scale_stride: box units to mask pixels
-  int64_t scale_stride;
-  bool scale_double;
-  const bool* gt;          // gt_masks != 0, element (b, m, y, x) at b*g0 + m*g1 + y*g2 + x*g3
+  const int32_t* piece_n;          // (B)
+  const int32_t* pieces;           // (B, M*k3*kMaxPieces)
+  const PairCrop* crops;           // (B*M*k3)
+  const bool* gt;                  // gt_masks != 0, element (b, m, y, x) at b*g0 + m*g1 + y*g2 + x*g3
   int64_t g0, g1, g2, g3;
-  const int64_t* gt_count; // (B*M) pixels of each object's mask (rows with chosen pairs)
-  float* iou;              // (B*M*k3)
-  int64_t A, M;
-  int k3;
-  int mh, mw;
+  unsigned long long* counts;      // (B*M*k3) SegView::counts, from zero
+  int64_t M;
+  int k3, mh, mw;
 };
 
-// A block per pair slot (row, j) of the images at positions [start, stop) of the decode's order (order: the images
-// by position): a chosen pair's predicted mask (decoded > 0, element (p - start, slot, pixel) of a
-// (stop - start, n, mh * mw) chunk) within its box's crop, against the object's mask. The threads take the crop's
-// pixels in turn, row by row, kCountUnroll at a time (their loads independent, so that they overlap). Both counts
-// are summed in one 64-bit value (each below 2^24).
-constexpr int kCountThreads = 128;
-constexpr int kCountUnroll = 4;
+// The pieces of the images at positions [start, stop) of the decode's order (order: the images by position), a warp
+// per piece, the warps taking the pieces in turn (as many as fit on the device): the pixels of a piece of a chosen
+// pair's crop in its predicted mask (decoded > 0, element (p - start, slot, pixel) of a (stop - start, n, mh * mw)
+// chunk) and in the object's mask, kCountUnroll a lane at a time (their loads independent, so that they overlap),
+// added to the pair's counts (an integer atomicAdd of both in one 64-bit value; each below 2^24).
+constexpr int kCountUnroll = 8;  // for 16-bit values; 4 for 32-bit, 2 for 64-bit
+constexpr int kCountBlocksPerSM = 6;  // 48 warps a multiprocessor (40 registers): the pieces' chains of loads overlap
 
 template <typename E>
-__global__ void __launch_bounds__(kCountThreads)
-    count_masks_kernel(const E* decoded, int64_t n, int64_t start, const int64_t* order, MaskCountArgs c) {
-  using Reduce = cub::BlockReduce<unsigned long long, kCountThreads>;
-  __shared__ typename Reduce::TempStorage tmp;
-  const int64_t per_image = c.M * c.k3;
-  const int64_t p = start + blockIdx.x / per_image, r = blockIdx.x % per_image;
-  const int64_t b = order[p], row = b * c.M + r / c.k3, j = r % c.k3;
-  if (j >= c.n[row]) return;  // the same in the whole block
-  const int64_t w = row * c.k3 + j;
-  const int64_t a = c.sorted[w];
-  const float* box = c.pd + (b * c.A + a) * 4;
-  auto scaled = [&](float v) {
-    if (c.scale_double) {
-      return static_cast<float>(__dmul_rn(v, static_cast<const double*>(c.scale)[b * c.scale_stride]));
+__global__ void __launch_bounds__(kThreads, kCountBlocksPerSM)
+    count_masks_kernel(const E* decoded, int64_t n, int32_t start, int32_t stop, const int64_t* order,
+                       MaskCountArgs c) {
+  constexpr unsigned kAll = 0xFFFFFFFFu;
+  constexpr int kUnroll = kCountUnroll * 2 / static_cast<int>(sizeof(E) < 2 ? 2 : sizeof(E));  // within 40 registers
+  const int lane = threadIdx.x % 32;
+  // 32-bit piece indices: B*M*k3*kMaxPieces < 2^31 (checked by the op)
+  const int32_t stride = static_cast<int32_t>(gridDim.x) * (kThreads / 32);
+  int32_t g = static_cast<int32_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;  // this warp's next piece
+  const int32_t pairs = static_cast<int32_t>(c.M) * c.k3;
+  const int64_t pixels = static_cast<int64_t>(c.mh) * c.mw;
+  int32_t before = 0;  // the pieces of the positions before this group of 32
+  for (int32_t p0 = start; p0 < stop; p0 += 32) {
+    // the positions p0 + lane: their images and pieces, and the pieces up to each (a scan over the lanes)
+    const int32_t p = p0 + lane;
+    int32_t b = 0, upto = 0;
+    if (p < stop) {
+      b = static_cast<int32_t>(order[p]);
+      upto = c.piece_n[b];
     }
-    return __fmul_rn(v, static_cast<const float*>(c.scale)[b * c.scale_stride]);
-  };
-  const geom::PixelRange xs = geom::crop_range(scaled(box[0]), scaled(box[2]), c.mw);
-  const geom::PixelRange ys = geom::crop_range(scaled(box[1]), scaled(box[3]), c.mh);
-  const E* pm = decoded + ((p - start) * n + c.slot[b * c.A + a]) * static_cast<int64_t>(c.mh) * c.mw;
-  const bool* g = c.gt + b * c.g0 + (row % c.M) * c.g1;
-  const int width = xs.end - xs.first, height = ys.end - ys.first;
-  unsigned long long mine = 0;  // the intersection in the high half, the predicted pixels in the low half
-  if (width > 0) {
-    // this thread's pixels: crop indices t, t + kCountThreads, ... as (row, column), stepped without a division
-    const int step_y = kCountThreads / width, step_x = kCountThreads % width;
-    int y = threadIdx.x / width, x = threadIdx.x % width;
-    while (y < height) {
-      int at_y[kCountUnroll], at_x[kCountUnroll];
+    for (int d = 1; d < 32; d <<= 1) {
+      const int32_t v = __shfl_up_sync(kAll, upto, d);
+      if (lane >= d) upto += v;
+    }
+    const int32_t group = __shfl_sync(kAll, upto, 31);
+    for (; g < before + group; g += stride) {  // the same in the whole warp
+      const int at = __ffs(__ballot_sync(kAll, before + upto > g)) - 1;  // the position of piece g
+      const int32_t bb = __shfl_sync(kAll, b, at);
+      const int32_t first = at == 0 ? 0 : __shfl_sync(kAll, upto, at - 1);
+      const int32_t entry = c.pieces[bb * pairs * kMaxPieces + (g - before - first)];
+      const int32_t r = entry / kMaxPieces, w = bb * pairs + r;
+      const PairCrop crop = c.crops[w];
+      const int width = crop.x1 - crop.x0;
+      const int y_first = crop.y0 + (entry % kMaxPieces) * crop.rows;
+      const int height = min(crop.y1, y_first + crop.rows) - y_first;
+      const E* pm = decoded + (static_cast<int64_t>(p0 + at - start) * n + crop.slot) * pixels;
+      const bool* gm = c.gt + bb * c.g0 + (r / c.k3) * c.g1;
+      // this lane's pixels: piece indices lane, lane + 32, ... as (row, column), stepped without a division
+      const int step_y = 32 / width, step_x = 32 % width;
+      int y = lane / width, x = lane % width;
+      unsigned inter = 0, pred = 0;
+      while (y < height) {
+        E value[kUnroll];
+        bool in[kUnroll];
 #pragma unroll
-      for (int k = 0; k < kCountUnroll; ++k) {
-        at_y[k] = y;
-        at_x[k] = x;
-        y += step_y;
-        x += step_x;
-        if (x >= width) {
-          x -= width;
-          ++y;
+        for (int k = 0; k < kUnroll; ++k) {  // the loads first
+          const int64_t yy = y_first + y, xx = crop.x0 + x;
+          const bool live = y < height;
+          value[k] = live ? pm[yy * c.mw + xx] : E(0);
+          in[k] = live ? gm[yy * c.g2 + xx * c.g3] : false;
+          y += step_y;
+          x += step_x;
+          if (x >= width) {
+            x -= width;
+            ++y;
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kUnroll; ++k) {
+          const bool on = positive(value[k]);
+          pred += on;
+          inter += on && in[k];
         }
       }
-#pragma unroll
-      for (int k = 0; k < kCountUnroll; ++k) {
-        if (at_y[k] < height) {
-          const int yy = ys.first + at_y[k], xx = xs.first + at_x[k];
-          const bool on = positive(pm[yy * c.mw + xx]);
-          const bool in = g[yy * c.g2 + xx * c.g3];
-          mine += on ? (in ? (1ull << 32) + 1 : 1ull) : 0ull;
-        }
+      for (int d = 16; d > 0; d >>= 1) {
+        pred += __shfl_xor_sync(kAll, pred, d);
+        inter += __shfl_xor_sync(kAll, inter, d);
       }
+      if (lane == 0 && pred > 0) atomicAdd(&c.counts[w], (static_cast<unsigned long long>(inter) << 32) | pred);
     }
-  }
-  const unsigned long long total = Reduce(tmp).Sum(mine);
-  if (threadIdx.x == 0) {
-    c.iou[w] = geom::mask_iou(static_cast<int64_t>(total >> 32), c.gt_count[row],
-                              static_cast<int64_t>(total & 0xFFFFFFFFull));
+    before += group;
   }
 }
 

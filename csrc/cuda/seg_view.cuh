@@ -4,31 +4,40 @@
 
 #include <cstdint>
 
+#include "geometry.h"
+
 namespace lucid {
 namespace gpu {
 
-// Per row, the anchors chosen for a mask IoU (k3 slots a row, in the order taken), and per anchor of each image
-// whether a row chose it.
+// Per row, the anchors chosen for a mask IoU (k3 slots a row, in the order taken), per anchor of each image
+// whether a row chose it, and per image how many anchors its rows chose (integer atomics, all starting at zero).
 struct SegChoices {
-  int32_t* n;        // (B*M) chosen pairs of each row (integer atomicAdd)
-  int32_t* anchors;  // (B*M*k3)
-  int32_t* chosen;   // (B*A) 1 when some row of the image chose the anchor
+  int32_t* n;          // (B*M) chosen pairs of each row
+  int32_t* anchors;    // (B*M*k3)
+  int32_t* chosen;     // (B*A) 1 when some row of the image chose the anchor
+  int64_t* per_image;  // (B) the image's chosen anchors
   int64_t A, M;
   int k3;
   __device__ void put(int64_t row, int32_t a) const {
     const int slot = atomicAdd(&n[row], 1);
     anchors[row * k3 + slot] = a;
-    chosen[(row / M) * A + a] = 1;
+    const int64_t b = row / M;
+    if (atomicExch(&chosen[b * A + a], 1) == 0) {  // the first row of the image to choose it counts it
+      atomicAdd(reinterpret_cast<unsigned long long*>(&per_image[b]), 1ull);
+    }
   }
 };
 
-// Per row its chosen anchors in increasing order and their mask IoUs (seg_masks.cuh); a pair not chosen has 0.
+// Per row its chosen anchors in increasing order and their pixel counts (seg_masks.cuh): the intersection of each
+// chosen pair's cropped predicted mask with the object's mask in the high 32 bits, the cropped mask's pixels in the
+// low 32; a pair not chosen has mask IoU 0.
 struct SegView {
   bool on;
   int k3;
-  const int32_t* n;       // (B*M)
-  const int32_t* sorted;  // (B*M*k3)
-  const float* iou;       // (B*M*k3)
+  const int32_t* n;                  // (B*M)
+  const int32_t* sorted;             // (B*M*k3)
+  const unsigned long long* counts;  // (B*M*k3)
+  const int64_t* gt_count;           // (B*M) the object's mask pixels (rows with chosen pairs)
   __device__ float mask_iou(int64_t row, int64_t a) const {
     const int32_t* first = sorted + row * k3;
     int lo = 0, hi = n[row];
@@ -37,7 +46,9 @@ struct SegView {
       if (first[mid] < a) lo = mid + 1;
       else hi = mid;
     }
-    return lo < n[row] && first[lo] == a ? iou[row * k3 + lo] : 0.0f;
+    if (lo == n[row] || first[lo] != a) return 0.0f;
+    const unsigned long long c = counts[row * k3 + lo];
+    return geom::mask_iou(static_cast<int64_t>(c >> 32), gt_count[row], static_cast<int64_t>(c & 0xFFFFFFFFull));
   }
 };
 

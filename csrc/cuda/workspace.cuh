@@ -6,6 +6,7 @@
 
 #include "cuda/anchor_index.cuh"
 #include "cuda/problem.cuh"
+#include "cuda/seg_masks.cuh"
 
 namespace lucid {
 namespace gpu {
@@ -30,7 +31,8 @@ class Layout {
 };
 
 // The working buffers of one call: O(B*A + B*M) in all (with a second top-k, 32 more ints per row; for
-// segmentation 3 * k3 more values per row, k3 = min(3K, A)).
+// segmentation 80 more bytes per pair slot, k3 = min(3K, A) slots per row: the chosen anchors as taken and sorted,
+// their pixel counts, their crops and up to kMaxPieces pieces).
 template <typename T>
 struct Workspace {
   // start at zero (cleared by prepare_kernel: the first zero_words 16-byte words)
@@ -48,12 +50,14 @@ struct Workspace {
   int32_t* inf_cand;
   int32_t* img_flag;             // (B)
   // segmentation only (seg_masks.cuh): the counters of the choice's row kernels, the chosen pairs per row and the
-  // chosen anchors per image
+  // chosen anchors (per anchor of each image, and their number per image), the chosen pairs' pixel counts
   int32_t* seg_medium_n;
   int32_t* seg_medium_next;
   int32_t* seg_big_n;
-  int32_t* seg_n;       // (B*M)
-  int32_t* seg_chosen;  // (B*A)
+  int32_t* seg_n;                  // (B*M)
+  int32_t* seg_chosen;             // (B*A)
+  int64_t* seg_per_image;          // (B)
+  unsigned long long* seg_counts;  // (B*M*k3) SegView::counts
   int64_t zero_words;
   // written before being read
   uint8_t* regions;
@@ -78,15 +82,16 @@ struct Workspace {
   PoseRow* pose_rows;  // (B*M)
   float* anc_stride;   // (A)
   float* stride_extremes;  // (2)
-  // segmentation only: per row its chosen anchors as taken and sorted and their mask IoUs (B*M*k3), per anchor of
-  // an image its slot among the image's chosen anchors and per slot its anchor (B*A)
+  // segmentation only: per row its chosen anchors as taken and sorted (B*M*k3), per anchor of an image its slot
+  // among the image's chosen anchors and per slot its anchor (B*A), the pixel pieces of the chosen pairs
   int32_t* seg_anchors;
   int32_t* seg_sorted;
-  float* seg_iou;
   int32_t* seg_slot;
   int32_t* seg_anchor_of;  // (B*A) the anchor of each slot of an image
-  int64_t* seg_per_image;  // (B) chosen anchors per image
   int64_t* seg_gt_count;   // (B*M) pixels of each object's mask
+  PairCrop* seg_crops;     // (B*M*k3) each chosen pair's crop and its pieces
+  int32_t* seg_pieces;     // (B*M*k3*kMaxPieces) the pieces of each image's chosen pairs, listed by image
+  int32_t* seg_piece_n;    // (B) pieces per image
 
   void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D, bool pose = false, int64_t k3 = 0) {
     const bool seg = k3 > 0;
@@ -111,6 +116,8 @@ struct Workspace {
     seg_big_n = L.take<int32_t>(seg ? 1 : 0);
     seg_n = L.take<int32_t>(seg ? B * M : 0);
     seg_chosen = L.take<int32_t>(seg ? B * A : 0);
+    seg_per_image = L.take<int64_t>(seg ? B : 0);
+    seg_counts = L.take<unsigned long long>(B * M * k3);
     zero_words = (L.size() + 15) / 16;  // the next buffer starts past them (take aligns to 16)
     regions = L.take<uint8_t>(B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
                                                                  : sizeof(geom::ObbRegion<T>)));
@@ -136,11 +143,12 @@ struct Workspace {
     stride_extremes = L.take<float>(pose ? 2 : 0);
     seg_anchors = L.take<int32_t>(B * M * k3);
     seg_sorted = L.take<int32_t>(B * M * k3);
-    seg_iou = L.take<float>(B * M * k3);
     seg_slot = L.take<int32_t>(seg ? B * A : 0);
     seg_anchor_of = L.take<int32_t>(seg ? B * A : 0);
-    seg_per_image = L.take<int64_t>(seg ? B : 0);
     seg_gt_count = L.take<int64_t>(seg ? B * M : 0);
+    seg_crops = L.take<PairCrop>(B * M * k3);
+    seg_pieces = L.take<int32_t>(B * M * k3 * kMaxPieces);
+    seg_piece_n = L.take<int32_t>(seg ? B : 0);
   }
 };
 
