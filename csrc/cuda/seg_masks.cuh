@@ -132,9 +132,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // A chosen pair's crop of the mask pixels, [x0, x1) x [y0, y1), its predicted mask's slot among its image's chosen
-// anchors, and the crop cut into `pieces` runs of `rows` rows (the last one shorter).
+// anchors, and the crop cut into pieces of `rows` rows (the last one shorter); read through its pieces' entries.
 struct alignas(16) PairCrop {
-  int32_t slot, x0, x1, y0, y1, rows, pieces, unused;
+  int32_t slot, x0, x1, y0, y1, rows;
 };
 
 // A piece is at least kPiecePixels pixels (a warp's pass over them is a few loads per lane) and a crop at most
@@ -181,12 +181,11 @@ __global__ void __launch_bounds__(kChosenThreads) pieces_kernel(PieceArgs c) {
       const geom::PixelRange xs = geom::crop_range(scaled(box[0]), scaled(box[2]), c.mw);
       const geom::PixelRange ys = geom::crop_range(scaled(box[1]), scaled(box[3]), c.mh);
       const int width = xs.end - xs.first, height = ys.end - ys.first;
-      int rows = 0;
-      if (width > 0 && height > 0) {
-        rows = max((kPiecePixels + width - 1) / width, (height + kMaxPieces - 1) / kMaxPieces);
+      if (width > 0 && height > 0) {  // an empty crop has no pieces
+        const int rows = max((kPiecePixels + width - 1) / width, (height + kMaxPieces - 1) / kMaxPieces);
         mine = (height + rows - 1) / rows;
+        c.crops[w] = PairCrop{c.slot[b * c.A + a], xs.first, xs.end, ys.first, ys.end, rows};
       }
-      c.crops[w] = PairCrop{c.slot[b * c.A + a], xs.first, xs.end, ys.first, ys.end, rows, mine, 0};
     }
     int offset, total;
     Scan(tmp).ExclusiveSum(mine, offset, total);

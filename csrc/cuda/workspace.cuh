@@ -89,7 +89,7 @@ struct Workspace {
   int32_t* seg_slot;
   int32_t* seg_anchor_of;  // (B*A) the anchor of each slot of an image
   int64_t* seg_gt_count;   // (B*M) pixels of each object's mask
-  PairCrop* seg_crops;     // (B*M*k3) each chosen pair's crop and its pieces
+  PairCrop* seg_crops;     // (B*M*k3) each chosen pair's crop (pairs with pixels in it)
   int32_t* seg_pieces;     // (B*M*k3*kMaxPieces) the pieces of each image's chosen pairs, listed by image
   int32_t* seg_piece_n;    // (B) pieces per image
 
