@@ -192,3 +192,24 @@ def test_alternating_anchor_counts(library):
     between must not lower it under the next large call (seen as 'invalid argument' before the fix)."""
     for img in (1024, 64, 1024, 128, 1280, 1024):
         check(scene(img, [[img * 3, 20, 5]], True, seed=img))
+
+
+@pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
+def test_medium_block_sizes(library, obb):
+    """The medium rows' block has 1,024, 512 or 256 threads by the number of object rows per multiprocessor (at most
+    2, at most 64, more): the same objects with padding rows added to reach each size give the same outputs, which
+    equal the reference's without padding."""
+    inputs = scene(1024, MIXED, obb, seed=10)
+    kw = dict(num_classes=5, topk=10, alpha=0.5, beta=6.0)
+    want = check(inputs, **kw)
+    B, M = inputs[4].shape[:2]
+    sms = torch.cuda.get_device_properties(inputs[0].device).multi_processor_count
+    # rows per multiprocessor, ceil(B * m / sms): at most 2, at most 64 (and above 63 for B < sms), above 64
+    for m in (max(M, 2 * sms // B), 64 * sms // B, 64 * sms // B + 1):
+        padded = list(inputs)
+        for i in (3, 4, 5):
+            extra = torch.zeros(B, m - M, *inputs[i].shape[2:], dtype=inputs[i].dtype, device=inputs[i].device)
+            padded[i] = torch.cat((inputs[i], extra), 1)
+        got = ops.assign(*padded, stride_val=reference.stride_value(STRIDES), **kw)
+        for name, a, b in zip(("labels", "bboxes", "scores", "fg", "gt_idx"), got, want):
+            assert torch.equal(a, b), f"{B * m} rows on {sms} multiprocessors: {name} differs"

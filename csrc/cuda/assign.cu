@@ -16,11 +16,11 @@
 //   candidate_topk_{small,medium,large}_rows_kernel (candidate_topk.cuh, block_select.cuh)       steps 1-3
 //       each real object row visits the anchors of the cells under its region, computes overlap and metric of
 //       those inside and selects its top K over all A anchors (zero fill). Rows of at most 64 candidates and 512
-//       anchors under their cells are done by a warp; others by a block (1,024 threads when there are few rows)
-//       from a list in shared memory; rows of more than 4,096 candidates by a block with a list in dynamic shared
-//       memory. Writes per anchor the claim count and the claimant (integer atomicAdd / atomicMax), per anchor
-//       the first row with the largest overlap among all its candidate pairs (atomicMax on a 64-bit key), per row
-//       its notes on non-finite metrics.
+//       anchors under their cells are done by a warp; others by a block (256, 512 or 1,024 threads: more when
+//       there are fewer rows) from a list in shared memory; rows of more than 4,096 candidates by a block with a
+//       list in dynamic shared memory. Writes per anchor the claim count and the claimant (integer atomicAdd /
+//       atomicMax), per anchor the first row with the largest overlap among all its candidate pairs (atomicMax on
+//       a 64-bit key), per row its notes on non-finite metrics.
 //   owners_kernel (conflicts.cuh)                                                              step 4
 //       per anchor: no claim, background; one claim, its claimant; more, the first row with the largest overlap
 //       over all M rows, which step 3 already found: no anchor scans the rows. Writes owner, metric and overlap
@@ -306,14 +306,18 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
             P, cells, pass, w.medium_rows, medium_n);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         {
-          // few object rows: a larger block per medium row (its latency is the kernel's time)
+          // the block per medium row by the number of object rows: larger when they are fewer (the longest row's
+          // latency is then the kernel's time)
           auto launch = [&](auto kernel, int threads) {
             kernel<<<persistent_grid(kernel, threads, 0, B * M), threads, 0, stream>>>(
                 P, cells, pass, w.medium_rows, medium_n, medium_next, w.big_rows, big_n);
             C10_CUDA_KERNEL_LAUNCH_CHECK();
           };
-          if (B * M <= kFewRows * props->multiProcessorCount) {
+          const int64_t per_sm = (B * M + props->multiProcessorCount - 1) / props->multiProcessorCount;
+          if (per_sm <= kFewRows) {
             launch(candidate_topk_medium_rows_kernel<kMediumFewThreads, S, T, Pass>, kMediumFewThreads);
+          } else if (per_sm <= kMidRows) {
+            launch(candidate_topk_medium_rows_kernel<kMediumMidThreads, S, T, Pass>, kMediumMidThreads);
           } else {
             launch(candidate_topk_medium_rows_kernel<kThreads, S, T, Pass>, kThreads);
           }

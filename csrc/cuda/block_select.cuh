@@ -21,6 +21,7 @@ struct RadixState {
   int hist[256];
   uint32_t prefix;
   int k_rem;
+  int eq;  // anchors with exactly the k-th key (explicit and implicit), or -1 when fewer than k anchors
   int n;
 };
 
@@ -54,13 +55,15 @@ struct KeySource {
 
 // Radix select of the k-th largest key among the explicit entries plus `implicit` anchors of key kZeroKey.
 // for_each_key(f) calls f(active, key) for this thread's share of the explicit entries, in any order, with all 32
-// lanes of a warp calling together (active false on lanes without an entry). Leaves the k-th key in sh.prefix and,
-// in sh.k_rem, how many anchors with exactly that key are taken (the first ones by index).
+// lanes of a warp calling together (active false on lanes without an entry). Leaves the k-th key in sh.prefix, in
+// sh.k_rem how many anchors with exactly that key are taken (the first ones by index) and in sh.eq how many there
+// are.
 template <typename ForEachKey>
 __device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, RadixState& sh) {
   if (threadIdx.x == 0) {
     sh.prefix = 0;
     sh.k_rem = k;
+    sh.eq = -1;
   }
   __syncthreads();
   uint32_t mask = 0;
@@ -95,6 +98,7 @@ __device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, R
           const int bin = 255 - lane * 8 - j;
           if (cum + sh.hist[bin] >= k_rem) {
             sh.k_rem = k_rem - cum;
+            sh.eq = sh.hist[bin];  // after the last pass: the anchors with exactly the k-th key
             sh.prefix = prefix | (static_cast<uint32_t>(bin) << shift);
             break;
           }
@@ -107,15 +111,23 @@ __device__ void radix_select(ForEachKey for_each_key, int64_t implicit, int k, R
   }
 }
 
-// Given the k-th key and the number of ties to take, walks the explicit entries in anchor order and calls take(entry)
-// for the chosen ones. Ties at kth rank by anchor index among all anchors with that key; for the zero key that
-// includes the implicit anchors.
+// Given the k-th key, the number of ties to take and the number of anchors with that key (radix_select's), walks the
+// explicit entries in anchor order and calls take(entry) for the chosen ones. Ties at kth rank by anchor index among
+// all anchors with that key; for the zero key that includes the implicit anchors. When every anchor with the k-th
+// key is taken (k_eq == n_eq: the usual case) no rank is needed, and one pass without barriers takes the keys >= kth.
 template <int NT, typename T, typename Src, typename Take>
-__device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, typename BlockScanT<NT>::TempStorage& scan_tmp,
-                              Take take) {
+__device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, int n_eq,
+                              typename BlockScanT<NT>::TempStorage& scan_tmp, Take take) {
   static_assert(NT < (1 << 15), "the per-chunk counts are packed in 16 bits");
-  int before_ne = 0, before_eq = 0;  // running totals over earlier chunks (same in all threads)
   const int64_t n = src.size();
+  if (k_eq == n_eq) {  // the same in all threads
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      Entry<T> e;
+      if (src.get(i, e) && e.key >= kth) take(e);
+    }
+    return;
+  }
+  int before_ne = 0, before_eq = 0;  // running totals over earlier chunks (same in all threads)
   for (int64_t base = 0; base < n; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
     Entry<T> e;
@@ -156,7 +168,7 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
         }
       },
       A - n_explicit, k, sh);
-  take_in_order<NT, T>(src, sh.prefix, sh.k_rem, scan_tmp, take);
+  take_in_order<NT, T>(src, sh.prefix, sh.k_rem, sh.eq, scan_tmp, take);
 }
 
 // The set bits of bits[0, n_words) (a bitmap over anchors, in shared memory) in increasing order: out(i, anchor) for

@@ -28,6 +28,8 @@ constexpr int kListCap = 4096;   // candidates of a medium row; more: a large ro
 constexpr int kBitWords = 2048;  // the medium rows' bitmap of candidates covers up to 65,536 anchors
 constexpr int kMediumFewThreads = 1024;  // the medium rows' block when there are few object rows
 constexpr int kFewRows = 2;              // ... at most this many per multiprocessor
+constexpr int kMediumMidThreads = 512;   // the medium rows' block when there are more, but not many
+constexpr int kMidRows = 64;             // ... at most this many per multiprocessor
 
 // A medium row in shared memory: its candidates' (key, anchor) pairs in anchor order, found through a bitmap over the
 // A anchors when it fits (A <= kBitWords * 32), else in the order found and then sorted.
@@ -118,11 +120,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // Blocks of NT threads taking medium rows from their list in turn: the same selection from a list of up to kListCap
 // candidates in shared memory (radix select, select_row). A row with more candidates goes to the list of large rows.
-// NT is kThreads, four blocks to a multiprocessor, when there may be many medium rows; with few object rows in all
-// (kFewRows per multiprocessor at most), the time is that of the longest row, and blocks of kMediumFewThreads
-// threads shorten it.
+// NT is kThreads, four blocks to a multiprocessor, when there may be many medium rows (more than kMidRows object rows
+// per multiprocessor), where throughput sets the time; with fewer rows the longest row's latency sets it, and larger
+// blocks shorten it: kMediumMidThreads (two blocks a multiprocessor) up to kMidRows object rows per multiprocessor,
+// kMediumFewThreads up to kFewRows (measured on the H200, bench/NOTES.md).
 template <int NT, typename S, typename T, typename Pass>
-__global__ void __launch_bounds__(NT, NT == kThreads ? 4 : 1)
+__global__ void __launch_bounds__(NT, NT == kThreads ? 4 : NT == kMediumMidThreads ? 2 : 1)
     candidate_topk_medium_rows_kernel(Problem<S, T> P, CellIndex cells, Pass pass, const int32_t* medium_rows,
                                       const int32_t* medium_n, int32_t* medium_next, int32_t* big_rows,
                                       int32_t* big_n) {
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(kBigThreads, 1)
           },
           P.A - count, k, sh);
       KeySource<T> src{keys, anchors, count};
-      take_in_order<kBigThreads, T>(src, sh.prefix, sh.k_rem, scan_tmp, take);
+      take_in_order<kBigThreads, T>(src, sh.prefix, sh.k_rem, sh.eq, scan_tmp, take);
     } else {
       // note every candidate once (a walk over the cells), then the in-order walk over all anchors
       walk_cells(cells, range, warp, warps, inside, [&](int32_t a, bool in) {

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <c10/macros/Macros.h>
-#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
@@ -23,6 +22,8 @@ namespace gpu {
 
 constexpr int kChosenThreads = 1024;
 constexpr int kRowsPerSortBlock = kChosenThreads / 32;
+constexpr int kMaskRowThreads = 128;  // threads counting one object's mask pixels
+constexpr int kRowsPerMaskBlock = kChosenThreads / kMaskRowThreads;
 
 // What chosen_rows_kernel reads and writes.
 struct ChosenRowsArgs {
@@ -40,36 +41,36 @@ struct ChosenRowsArgs {
 };
 
 inline int64_t chosen_rows_blocks(int64_t B, int64_t M) {
-  return B + (B * M + kRowsPerSortBlock - 1) / kRowsPerSortBlock + B * M;
+  return B + (B * M + kRowsPerSortBlock - 1) / kRowsPerSortBlock + (B * M + kRowsPerMaskBlock - 1) / kRowsPerMaskBlock;
 }
 
 // Three jobs in one launch, by block: blocks [0, B) give each chosen anchor of image b its slot among the image's
-// chosen anchors (increasing) and the anchor of each slot; the next blocks sort the chosen anchors of
-// kRowsPerSortBlock rows each (a warp per row, each anchor placed by the count of smaller ones: they are distinct);
-// the last B*M count each row's mask pixels (a row of contiguous pixels at a 16-byte boundary is read 16 bool bytes,
-// 0 or 1 each, at a time).
+// chosen anchors (increasing) and the anchor of each slot (each thread a run of consecutive anchors, one block scan);
+// the next blocks sort the chosen anchors of kRowsPerSortBlock rows each (a warp per row, each anchor placed by the
+// count of smaller ones: they are distinct); the last count the mask pixels of kRowsPerMaskBlock rows each,
+// kMaskRowThreads threads a row (a row of contiguous pixels at a 16-byte boundary is read 16 bool bytes, 0 or 1
+// each, at a time, four loads in flight a thread), summed with integer atomics in shared memory.
 __global__ void __launch_bounds__(kChosenThreads) chosen_rows_kernel(ChosenRowsArgs c) {
   using Scan = cub::BlockScan<int, kChosenThreads>;
-  using Reduce = cub::BlockReduce<int, kChosenThreads>;
-  __shared__ union {
-    typename Scan::TempStorage scan;
-    typename Reduce::TempStorage reduce;
-  } tmp;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int mask_sums[kRowsPerMaskBlock];
   const int64_t block = blockIdx.x, sort_blocks = (c.B * c.M + kRowsPerSortBlock - 1) / kRowsPerSortBlock;
   if (block < c.B) {
     const int64_t b = block;
-    int base = 0;
-    for (int64_t a0 = 0; a0 < c.A; a0 += kChosenThreads) {
-      const int64_t a = a0 + threadIdx.x;
-      const int on = a < c.A && c.chosen[b * c.A + a];
-      int offset, total;
-      Scan(tmp.scan).ExclusiveSum(on, offset, total);
-      __syncthreads();
-      if (on) {
-        c.slot[b * c.A + a] = base + offset;
-        c.anchor_of[b * c.A + base + offset] = static_cast<int32_t>(a);
+    const int32_t* on = c.chosen + b * c.A;
+    const int64_t per = (c.A + kChosenThreads - 1) / kChosenThreads;
+    const int64_t a0 = threadIdx.x * per, a1 = a0 + per < c.A ? a0 + per : c.A;
+    int mine = 0;
+#pragma unroll 4
+    for (int64_t a = a0; a < a1; ++a) mine += on[a] != 0;
+    int slot, total;
+    Scan(scan_tmp).ExclusiveSum(mine, slot, total);
+    for (int64_t a = a0; a < a1; ++a) {
+      if (on[a] != 0) {
+        c.slot[b * c.A + a] = slot;
+        c.anchor_of[b * c.A + slot] = static_cast<int32_t>(a);
+        ++slot;
       }
-      base += total;
     }
   } else if (block < c.B + sort_blocks) {
     const int64_t row = (block - c.B) * kRowsPerSortBlock + threadIdx.x / 32;
@@ -84,22 +85,30 @@ __global__ void __launch_bounds__(kChosenThreads) chosen_rows_kernel(ChosenRowsA
       c.sorted[row * c.k3 + before] = a;
     }
   } else {
-    const int64_t row = block - c.B - sort_blocks;
-    if (c.n[row] == 0) return;  // the same in the whole block
-    const bool* g = c.gt + (row / c.M) * c.g0 + (row % c.M) * c.g1;
-    const int pixels = c.mh * c.mw;
+    const int local = threadIdx.x / kMaskRowThreads, t = threadIdx.x % kMaskRowThreads;
+    const int64_t row = (block - c.B - sort_blocks) * kRowsPerMaskBlock + local;
+    if (threadIdx.x < kRowsPerMaskBlock) mask_sums[threadIdx.x] = 0;
+    __syncthreads();
+    const bool counted = row < c.B * c.M && c.n[row] > 0;  // the same in the row's warps
     int mine = 0;
-    if (c.g3 == 1 && c.g2 == c.mw && pixels % 16 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0) {
-      const uint4* v = reinterpret_cast<const uint4*>(g);
-      for (int i = threadIdx.x; i < pixels / 16; i += kChosenThreads) {
-        const uint4 w = v[i];
-        mine += __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
+    if (counted) {
+      const bool* g = c.gt + (row / c.M) * c.g0 + (row % c.M) * c.g1;
+      const int pixels = c.mh * c.mw;
+      if (c.g3 == 1 && c.g2 == c.mw && pixels % 16 == 0 && reinterpret_cast<uintptr_t>(g) % 16 == 0) {
+        const uint4* v = reinterpret_cast<const uint4*>(g);
+#pragma unroll 4
+        for (int i = t; i < pixels / 16; i += kMaskRowThreads) {
+          const uint4 w = v[i];
+          mine += __popc(w.x) + __popc(w.y) + __popc(w.z) + __popc(w.w);
+        }
+      } else {
+        for (int i = t; i < pixels; i += kMaskRowThreads) mine += g[(i / c.mw) * c.g2 + (i % c.mw) * c.g3];
       }
-    } else {
-      for (int i = threadIdx.x; i < pixels; i += kChosenThreads) mine += g[(i / c.mw) * c.g2 + (i % c.mw) * c.g3];
+      for (int d = 16; d > 0; d >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, d);
+      if (threadIdx.x % 32 == 0) atomicAdd(&mask_sums[local], mine);
     }
-    const int total = Reduce(tmp.reduce).Sum(mine);
-    if (threadIdx.x == 0) c.gt_count[row] = total;
+    __syncthreads();
+    if (t == 0 && counted) c.gt_count[row] = mask_sums[local];
   }
 }
 
