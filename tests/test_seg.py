@@ -157,6 +157,21 @@ def test_autocast_casts_the_decode(peer_tal, library):
     assert_equal(run_kernel(inputs, **kw), run_peer(peer_tal, "cuda", inputs, **kw))
 
 
+def test_cpu_autocast(library):
+    """Under torch.autocast("cpu") the decode's product runs in bfloat16 (matmul is on CPU autocast's list) for the
+    reference and the CPU kernel alike (the kernel calls ATen's product, which autocast casts as it casts the
+    reference's): equal, and unlike the float32 decode outside autocast. (The peer also runs its intersection product
+    under CPU autocast, docs/odd-inputs.md.)"""
+    inputs = problem(5, batch=4, img_size=320, objects=(30, 40), mask_dim=32)
+    kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = run_reference(inputs, **kw)
+        got = run_kernel(inputs, **kw)
+    assert_kernel_matches(got, want, "cpu")
+    plain = run_reference(inputs, **kw)
+    assert not torch.equal(want[2], plain[2]), "the scene's decode must depend on the product's dtype"
+
+
 def odd(case, device):
     """Odd and edge inputs, each defined in docs/odd-inputs.md: the results are the reference's (equal to the peer's)."""
     inputs = problem(11, objects=(10, 16), device=device)
