@@ -277,6 +277,29 @@ def test_large_topk_and_chunks(peer_tal, library, device):
     assert_kernel_matches(run_kernel(inputs, **kw), want, device)
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("case", ["topk_32", "topk_33", "zero_scores", "some_zero_scores", "few_anchors"])
+def test_claims_of_chosen_and_other_pairs(peer_tal, library, device, case):
+    """On CUDA the claims of a row are merged from its chosen pairs and its K best other anchors (the pairs not
+    chosen, ranked before the masks are decoded, and the zero fill) when min(3K, A) + K <= 128, else ranked again over
+    all anchors (topk 32 and 33 take the two ways). Zero metrics tie with the zero fill by anchor index (some scores
+    0; with all of them 0 no anchor is foreground); with 21 anchors (32 px) every candidate is chosen and the rest of
+    the K are the zero fill."""
+    topk = {"topk_32": 32, "topk_33": 33}.get(case, 10)
+    inputs = problem(17, batch=3, img_size=32 if case == "few_anchors" else 320,
+                     objects=(2, 4) if case == "few_anchors" else (10, 30), device=device)
+    if case == "zero_scores":
+        inputs[0] = torch.zeros_like(inputs[0])
+    elif case == "some_zero_scores":
+        inputs[0] = inputs[0].clone()
+        inputs[0][:, ::3] = 0.0
+    kw = dict(num_classes=3, topk=topk, alpha=0.5, beta=6.0)
+    want = run_reference(inputs, **kw)
+    assert_equal(want, run_peer(peer_tal, device, inputs, **kw), case)
+    assert want[3].any() != (case == "zero_scores"), case  # no positive metric: no foreground
+    assert_kernel_matches(run_kernel(inputs, **kw), want, device, case)
+
+
 def chosen_per_image(inputs, **kw):
     """The number of distinct chosen anchors of each image (what the decode orders the images by), from the
     reference's first call."""

@@ -31,18 +31,20 @@
 //   targets_kernel (targets.cuh)                                                               step 6
 //       per anchor the outputs; the scores are normalised by the row maxima.
 //
-// Segmentation (assign_seg) runs the three row kernels twice: first with MaskChoicePass, each row choosing its
-// min(3K, A) pairs by box metric plus eps (step 2 of docs/spec.md, "Segmentation") and each image counting its
-// chosen anchors, then, once the chosen pairs' mask pixels are counted, with ClaimPass as above, the overlap being
-// the mean of box overlap and mask IoU. Between them (mask_ious below, seg_masks.cuh): the images ordered by their
-// counts (one launch) and the counts copied to pinned host memory; while they travel, the chosen anchors' slots,
-// the rows' sorted lists and the objects' mask pixels (one launch) and the chosen pairs' crops cut into pieces (one
-// launch); the wait for the copy (the one synchronisation: the decode's shapes depend on the counts); and the
-// decode of mask_decode.h: the images' order (that of the device, or ATen's argsort when positive counts are
-// equal), the prototypes gathered in that order (one launch) and the packed coefficients (one launch), then per
-// chunk ATen's batched product (as the reference reaches it) and the pixel counts of its pieces (one launch). Its
-// buffers: O(B*M*k3 + B*A) in the workspace, the gathered prototypes, the packed coefficients and one chunk at a
-// time.
+// Segmentation (assign_seg) runs the three row kernels with MaskChoicePass first, each row choosing its min(3K, A)
+// pairs by box metric plus eps (step 2 of docs/spec.md, "Segmentation") and each image counting its chosen anchors.
+// Then (mask_ious below, seg_masks.cuh): the images ordered by their counts (one launch) and the counts copied to
+// pinned host memory; while they travel, the chosen anchors' slots, the rows' sorted lists and the objects' mask
+// pixels (one launch) and the chosen pairs' crops cut into pieces (one launch); the wait for the copy (the one
+// synchronisation: the decode's shapes depend on the counts); and the decode of mask_decode.h: the images' order
+// (that of the device, or ATen's argsort when positive counts are equal), the prototypes gathered in that order (one
+// launch) and the packed coefficients (one launch), then per chunk ATen's batched product (as the reference reaches
+// it) and the pixel counts of its pieces (one launch). Step 3 then ranks by the mean of box overlap and mask IoU.
+// When a row's chosen pairs and K more fit a warp's list (seg_claims_kernel), the pairs not chosen, whose mask IoU
+// is 0, are ranked by the row kernels with UnchosenPass before the decode (launched before the wait, they run while
+// the host plans the first product), and one launch after the decode merges each row's chosen pairs with them; else
+// the row kernels run again with ClaimPass after the decode. Its buffers: O(B*M*k3 + B*A) in the workspace, the
+// gathered prototypes, the packed coefficients and one chunk at a time.
 //
 // Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*A + B*M) and all are carved from
 // one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only; results do
@@ -95,11 +97,12 @@ cudaEvent_t counts_copied_event() {
 
 // Segmentation, after the choice (seg_masks.cuh): the images' stable order and the per-image counts on their way to
 // the host; meanwhile on the device the slots of the chosen anchors, the rows' sorted lists, the objects' mask pixels
-// and the chosen pairs' crops and pieces; the wait for the counts (the one synchronisation), the decode
-// (mask_decode.h) and the chosen pairs' pixel counts, as step 2's overlap reads them (SegView).
-template <typename S, typename T>
-SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& choices, const Workspace<T>& w,
-                  const at::TensorOptions& opts, cudaStream_t stream) {
+// and the chosen pairs' crops and pieces, then what before_decode() launches; the wait for the counts (the one
+// synchronisation), the decode (mask_decode.h) and the chosen pairs' pixel counts, as step 2's overlap reads them
+// (SegView).
+template <typename S, typename T, typename BeforeDecode>
+void mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& choices, const Workspace<T>& w,
+               const at::TensorOptions& opts, cudaStream_t stream, BeforeDecode before_decode) {
   const int64_t B = P.B, A = P.A, M = P.M;
   const int k3 = choices.k3;
   const int mh = static_cast<int>(seg.proto.size(2)), mw = static_cast<int>(seg.proto.size(3));
@@ -131,6 +134,8 @@ SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& 
                              w.seg_crops, w.seg_pieces, w.seg_piece_n};
   pieces_kernel<<<blocks_for(B, 1), kChosenThreads, 0, stream>>>(piece_args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // what needs no mask IoU (while the counts travel, and while the host prepares the first product)
+  before_decode();
   // the wait for the counts
   if (const auto* interp = c10::impl::GPUTrace::get_trace()) {
     (*interp)->trace_gpu_event_synchronization(c10::kCUDA, reinterpret_cast<uintptr_t>(copied));
@@ -177,7 +182,6 @@ SegView mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& 
     return at::argsort(at::from_blob(w.seg_per_image, {B}, opts.dtype(at::kLong)), /*dim=*/-1, /*descending=*/true);
   };
   decode_chosen_masks(seg, B, counts.const_data_ptr<int64_t>(), stable, argsorted, gather, pack, count);
-  return SegView{true, k3, w.seg_n, w.seg_sorted, w.seg_counts, w.seg_gt_count};
 }
 
 Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
@@ -226,12 +230,16 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
     const bool second = topk2 != topk;
     const bool pose_on = pose_args != nullptr;
     const int64_t k3 = seg_args != nullptr ? seg_args->k3 : 0;
+    // segmentation: the claims merged after the decode (seg_claims_kernel) when a row's chosen pairs and K others fit
+    // its list; else the row kernels run again after the decode
+    const bool merge = seg_args != nullptr && k3 + topk <= kMergeCap;
+    const int64_t merge_k = merge ? topk : 0;
     Workspace<T> w;
     Layout probe;
-    w.carve(probe, B, A, M, second, D, pose_on, k3);
+    w.carve(probe, B, A, M, second, D, pose_on, k3, merge_k);
     auto workspace = at::empty({probe.size()}, opts.dtype(at::kByte));
     Layout real{workspace.data_ptr<uint8_t>()};
-    w.carve(real, B, A, M, second, D, pose_on, k3);
+    w.carve(real, B, A, M, second, D, pose_on, k3, merge_k);
     PoseView pose{};
     if (pose_on) {
       pose = PoseView{true,
@@ -336,14 +344,27 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
           C10_CUDA_KERNEL_LAUNCH_CHECK();
         }
       };
+      const UnchosenTop top{w.seg_top_n, w.seg_top_anchor, w.seg_top_key, static_cast<int>(topk)};
       if (seg_args != nullptr) {  // step 2 for segmentation: the chosen pairs and their mask IoUs
         const SegChoices choices{w.seg_n, w.seg_anchors, w.seg_chosen, w.seg_per_image, A, M, static_cast<int>(k3)};
         row_kernels(MaskChoicePass<S, T>{choices, static_cast<int>(k3)}, w.seg_medium_n, w.seg_medium_next,
                     w.seg_big_n);
-        P.seg = mask_ious(*seg_args, P, choices, w, opts, stream);
+        // the view of the mask IoUs (filled by the decode): the pairs not chosen read 0 from it before
+        P.seg = SegView{true, static_cast<int>(k3), w.seg_n, w.seg_sorted, w.seg_counts, w.seg_gt_count};
+        // with the merge, step 3 of the pairs not chosen runs before the decode: the device would otherwise wait
+        // there for the host, which plans the first product
+        mask_ious(*seg_args, P, choices, w, opts, stream, [&] {
+          if (merge) row_kernels(UnchosenPass<S, T>{log, top, static_cast<int>(topk)}, w.medium_n, w.medium_next,
+                                 w.big_n);
+        });
       }
       // steps 1-3: the claims, and the per-anchor claim counts
-      row_kernels(ClaimPass<S, T>{log, claims, static_cast<int>(topk)}, w.medium_n, w.medium_next, w.big_n);
+      if (merge) {
+        seg_claims_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(P, log, claims, top);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      } else {
+        row_kernels(ClaimPass<S, T>{log, claims, static_cast<int>(topk)}, w.medium_n, w.medium_next, w.big_n);
+      }
       // step 4: the owners
       owners_kernel<S, T><<<blocks_for(B * A), kThreads, 0, stream>>>(P, claims, first, sink, w.owner, w.own_align,
                                                                      w.own_ov);

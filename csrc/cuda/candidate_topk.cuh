@@ -2,7 +2,8 @@
 // (containment), computes the overlap and metric of those inside, and claims its top K over all A anchors with the
 // zero fill. Three kernels by the number of candidates a row has; each row's claims are made by exactly one. What a
 // row's pairs are ranked by and what becomes of the chosen is the kernels' Pass (problem.cuh): ClaimPass for step 3,
-// MaskChoicePass for the segmentation's choice of the pairs that get a mask IoU (the same top-k by another metric).
+// MaskChoicePass for the segmentation's choice of the pairs that get a mask IoU (the same top-k by another metric),
+// UnchosenPass for step 3 of the segmentation's other pairs (merged with the chosen by seg_claims_kernel, below).
 #pragma once
 
 #include <c10/macros/Macros.h>
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
   list_ranks<kSlots>(key, anchor, s_key[warp], s_anchor[warp], n, P.A, rank);
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    if (s * 32 + lane < n && rank[s] < pass.k) pass.take(row, anchor[s]);
+    if (s * 32 + lane < n && rank[s] < pass.k) pass.take(row, anchor[s], key[s]);
   }
 }
 
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : NT == kMediumMidThrea
       }
       __syncthreads();
     }
-    auto take = [&](const Entry<T>& e) { pass.take(row, e.anchor); };
+    auto take = [&](const Entry<T>& e) { pass.take(row, e.anchor, e.key); };
     if (count <= kListCap) {
       KeySource<T> src{sh.key, sh.anchor, count};
       select_row<NT, T>(src, count, P.A, pass.k, sh, scan_tmp, take);
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(kBigThreads, 1)
     __syncthreads();
     const int64_t count = sh.n;
     const int k = pass.k;
-    auto take = [&](const Entry<T>& e) { pass.take(row, e.anchor); };
+    auto take = [&](const Entry<T>& e) { pass.take(row, e.anchor, e.key); };
     if (use_bits && count <= cap) {
       compact_bits<kBigThreads>(bits, n_words, scan_tmp, [&](int i, int32_t a) { anchors[i] = a; });
       __syncthreads();
@@ -312,6 +313,65 @@ __global__ void __launch_bounds__(kBigThreads, 1)
       select_row<kBigThreads, T>(src, count, P.A, k, sh, scan_tmp, take);
     }
     __syncthreads();  // shared memory is reused by the next row
+  }
+}
+
+// Segmentation, step 3 after the decode, when a row's chosen pairs and its K best others fit a warp's list
+// (k3 + K <= kMergeCap): a warp per real row. The row's top K over all A anchors is the top K of its chosen pairs C
+// and of L, the first K of the other anchors (each of the K first of all is in C, or among the first K of the rest).
+// L is the row's UnchosenTop (its candidates ranked within the first K of A \ C) and, filling it to min(K, A - |C|),
+// the anchors outside the row's region with the lowest indices (the zero fill: key kZeroKey, ranked by index).
+// The chosen pairs' entries are computed here with their mask IoUs and go to the PairLog; every candidate ranked
+// within the first K of that list (key, then the lower anchor) becomes a claim.
+constexpr int kMergeCap = 128;
+
+template <typename S, typename T>
+__global__ void __launch_bounds__(kThreads)
+    seg_claims_kernel(Problem<S, T> P, PairLog log, Claims claims, UnchosenTop top) {
+  __shared__ uint32_t s_key[kWarps][kMergeCap];
+  __shared__ int32_t s_anchor[kWarps][kMergeCap];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (row >= P.B * P.M || !P.valid[row]) return;  // whole warps
+  const int64_t b = row / P.M;
+  const int k = top.k, n_chosen = P.seg.n[row], n_top = top.n[row];
+  for (int i = lane; i < n_chosen; i += 32) {
+    const int32_t a = P.seg.sorted[row * P.seg.k3 + i];
+    const Entry<T> e = P.entry(row, b, a);
+    log.record(row, e);
+    s_key[warp][i] = e.key;
+    s_anchor[warp][i] = a;
+  }
+  for (int i = lane; i < n_top; i += 32) {
+    s_key[warp][n_chosen + i] = top.key[row * k + i];
+    s_anchor[warp][n_chosen + i] = top.anchor[row * k + i];
+  }
+  int n = n_chosen + n_top;
+  // the zero fill: the first anchors outside the region (the same in all lanes)
+  int fill = static_cast<int>(min(static_cast<int64_t>(k), P.A - n_chosen)) - n_top;
+  for (int64_t base = 0; fill > 0 && base < P.A; base += 32) {
+    const int64_t a = base + lane;
+    const bool outside = a < P.A && !P.contains(row, a);
+    const unsigned m = __ballot_sync(0xffffffffu, outside);
+    const int place = __popc(m & ((1u << lane) - 1u));
+    if (outside && place < fill) {
+      s_key[warp][n + place] = kZeroKey;
+      s_anchor[warp][n + place] = static_cast<int32_t>(a);
+    }
+    const int added = min(__popc(m), fill);
+    n += added;
+    fill -= added;
+  }
+  __syncwarp();
+  for (int i = lane; i < n_chosen + n_top; i += 32) {
+    const uint32_t key = s_key[warp][i];
+    const int32_t a = s_anchor[warp][i];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) {
+      const uint32_t kj = s_key[warp][j];
+      rank += kj > key || (kj == key && s_anchor[warp][j] < a);
+    }
+    if (rank < k) claims.put(row, a);
   }
 }
 

@@ -213,7 +213,7 @@ struct ClaimPass {
     return P.entry(row, b, a);
   }
   __device__ void record(int64_t row, const Entry<T>& e) const { log.record(row, e); }
-  __device__ void take(int64_t row, int32_t a) const { claims.put(row, a); }
+  __device__ void take(int64_t row, int32_t a, uint32_t) const { claims.put(row, a); }
 };
 
 // Segmentation, step 2: the box metric plus eps; the min(3K, A) chosen get a mask IoU (SegChoices).
@@ -225,7 +225,28 @@ struct MaskChoicePass {
     return P.box_entry(row, b, a);
   }
   __device__ void record(int64_t, const Entry<T>&) const {}
-  __device__ void take(int64_t row, int32_t a) const { choices.put(row, a); }
+  __device__ void take(int64_t row, int32_t a, uint32_t) const { choices.put(row, a); }
+};
+
+// Segmentation, step 3 before the decode: the pairs not chosen for a mask IoU have mask IoU 0, so their entries are
+// final before it. Each row ranks them among its anchors other than its chosen ones (the chosen get key 0, below
+// every metric's key: order_key never gives 0), keeps those ranked within its first K (UnchosenTop) and sends them
+// to the PairLog; seg_claims_kernel does the same for the chosen pairs after the decode and merges.
+template <typename S, typename T>
+struct UnchosenPass {
+  PairLog log;
+  UnchosenTop top;
+  int k;
+  __device__ Entry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
+    if (P.seg.slot_of(row, a) >= 0) return {T(0), T(0), static_cast<int32_t>(a), 0u};
+    return P.entry(row, b, a);
+  }
+  __device__ void record(int64_t row, const Entry<T>& e) const {
+    if (e.key != 0u) log.record(row, e);
+  }
+  __device__ void take(int64_t row, int32_t a, uint32_t key) const {
+    if (key != 0u) top.put(row, a, key);
+  }
 };
 
 }  // namespace gpu

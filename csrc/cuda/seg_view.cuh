@@ -38,7 +38,8 @@ struct SegView {
   const int32_t* sorted;             // (B*M*k3)
   const unsigned long long* counts;  // (B*M*k3)
   const int64_t* gt_count;           // (B*M) the object's mask pixels (rows with chosen pairs)
-  __device__ float mask_iou(int64_t row, int64_t a) const {
+  // the place of anchor a in the row's sorted list, or -1 when the row did not choose it
+  __device__ int slot_of(int64_t row, int64_t a) const {
     const int32_t* first = sorted + row * k3;
     int lo = 0, hi = n[row];
     while (lo < hi) {
@@ -46,9 +47,27 @@ struct SegView {
       if (first[mid] < a) lo = mid + 1;
       else hi = mid;
     }
-    if (lo == n[row] || first[lo] != a) return 0.0f;
-    const unsigned long long c = counts[row * k3 + lo];
+    return lo < n[row] && first[lo] == a ? lo : -1;
+  }
+  __device__ float mask_iou(int64_t row, int64_t a) const {
+    const int slot = slot_of(row, a);
+    if (slot < 0) return 0.0f;
+    const unsigned long long c = counts[row * k3 + slot];
     return geom::mask_iou(static_cast<int64_t>(c >> 32), gt_count[row], static_cast<int64_t>(c & 0xFFFFFFFFull));
+  }
+};
+
+// Per row, the pairs not chosen for a mask IoU ranked within its first K among its anchors other than the chosen
+// (UnchosenPass): at most K a row, in any order, with their metric keys.
+struct UnchosenTop {
+  int32_t* n;        // (B*M), from zero
+  int32_t* anchor;   // (B*M*K)
+  uint32_t* key;     // (B*M*K)
+  int k;
+  __device__ void put(int64_t row, int32_t a, uint32_t key_) const {
+    const int slot = atomicAdd(&n[row], 1);
+    anchor[row * k + slot] = a;
+    key[row * k + slot] = key_;
   }
 };
 

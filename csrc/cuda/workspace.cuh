@@ -32,7 +32,8 @@ class Layout {
 
 // The working buffers of one call: O(B*A + B*M) in all (with a second top-k, 32 more ints per row; for
 // segmentation 80 more bytes per pair slot, k3 = min(3K, A) slots per row: the chosen anchors as taken and sorted,
-// their pixel counts, their crops and up to kMaxPieces pieces).
+// their pixel counts, their crops and up to kMaxPieces pieces; and 8 bytes per row and top-k slot when the claims are
+// merged: UnchosenTop).
 template <typename T>
 struct Workspace {
   // start at zero (cleared by prepare_kernel: the first zero_words 16-byte words)
@@ -58,6 +59,7 @@ struct Workspace {
   int32_t* seg_chosen;             // (B*A)
   int64_t* seg_per_image;          // (B)
   unsigned long long* seg_counts;  // (B*M*k3) SegView::counts
+  int32_t* seg_top_n;              // (B*M) UnchosenTop::n, when the claims are merged (seg_claims_kernel)
   int64_t zero_words;
   // written before being read
   uint8_t* regions;
@@ -92,8 +94,12 @@ struct Workspace {
   PairCrop* seg_crops;     // (B*M*k3) each chosen pair's crop (pairs with pixels in it)
   int32_t* seg_pieces;     // (B*M*k3*kMaxPieces) the pieces of each image's chosen pairs, listed by image
   int32_t* seg_piece_n;    // (B) pieces per image
+  int32_t* seg_top_anchor;  // (B*M*K) UnchosenTop, when the claims are merged
+  uint32_t* seg_top_key;
 
-  void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D, bool pose = false, int64_t k3 = 0) {
+  // merge_k: K when the segmentation's claims are merged (seg_claims_kernel), else 0
+  void carve(Layout& L, int64_t B, int64_t A, int64_t M, bool second, int64_t D, bool pose = false, int64_t k3 = 0,
+             int64_t merge_k = 0) {
     const bool seg = k3 > 0;
     medium_n = L.take<int32_t>(1);
     medium_next = L.take<int32_t>(1);
@@ -118,6 +124,7 @@ struct Workspace {
     seg_chosen = L.take<int32_t>(seg ? B * A : 0);
     seg_per_image = L.take<int64_t>(seg ? B : 0);
     seg_counts = L.take<unsigned long long>(B * M * k3);
+    seg_top_n = L.take<int32_t>(merge_k > 0 ? B * M : 0);
     zero_words = (L.size() + 15) / 16;  // the next buffer starts past them (take aligns to 16)
     regions = L.take<uint8_t>(B * M * static_cast<int64_t>(D == 4 ? sizeof(geom::HbbRegion<T>)
                                                                  : sizeof(geom::ObbRegion<T>)));
@@ -149,6 +156,8 @@ struct Workspace {
     seg_crops = L.take<PairCrop>(B * M * k3);
     seg_pieces = L.take<int32_t>(B * M * k3 * kMaxPieces);
     seg_piece_n = L.take<int32_t>(seg ? B : 0);
+    seg_top_anchor = L.take<int32_t>(B * M * merge_k);
+    seg_top_key = L.take<uint32_t>(B * M * merge_k);
   }
 };
 
