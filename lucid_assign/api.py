@@ -330,6 +330,11 @@ def assign_seg(
     its shapes from the chosen pairs), so the call cannot be captured in a CUDA graph. The kernels take a float32 or
     float64 ``mask_scale``; other inputs run on the reference with ``"auto"``.
     """
+    out = seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
+                          gt_masks, topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride,
+                          topk2=topk2, backend=backend)
+    if out is not None:
+        return out
     check_eps(eps)
     seg = (pd_coef, mask_scale, proto, gt_masks)
     if torch.compiler.is_compiling():
@@ -352,6 +357,29 @@ def assign_seg(
     return reference.assign_seg(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *seg,
         topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
+    )
+
+
+def seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
+                    gt_masks, *, topk, num_classes, alpha, beta, eps, stride, topk2, backend):
+    """assign_seg's outputs when a call of the same signature (_signature) once passed its checks and chose the
+    kernel, which they depend on alone: the kernel's call, with only eps checked again (and the labels on the CPU, as
+    _eager_checks does). Else None, and nothing is run: a caller that must know the backend before the call (the
+    patched peer assigner, which hands what the kernel cannot take to the peer) asks this first. In eager mode only.
+    """
+    if torch.compiler.is_compiling():
+        return None
+    key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
+                     stride, backend, pd_coef, mask_scale, proto, gt_masks)
+    stride_val = _kernel_calls.get(key) if key is not None else None
+    if stride_val is None:
+        return None
+    check_eps(eps)
+    if pd_scores.device.type == "cpu":
+        _check_label_values(gt_labels, mask_gt, num_classes)
+    return ops.assign_seg(
+        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
+        topk=topk, topk2=topk2, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
     )
 
 

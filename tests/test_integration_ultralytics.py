@@ -372,3 +372,51 @@ def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, lib
         want = peer_tal.SegTaskAlignedAssigner(**kw)(*inputs[:6], **masks)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+def test_a_repeated_seg_call_goes_straight_to_the_kernel(integ, library, monkeypatch):
+    """The patched segmentation assigner asks api.seg_kernel_call first: a call whose signature once chose the kernel
+    runs the kernel without the fallback check and the module's layers (the same outputs); another signature (fewer
+    object rows) or a backend forced by the environment goes the long way; eps and, on the CPU, the labels are still
+    checked on every call."""
+    from test_seg import SEG, problem
+
+    from ultralytics.utils import loss
+
+    from lucid_assign import api
+
+    monkeypatch.setattr(api, "_kernel_calls", {})
+    integ.patch()
+    ours = loss.SegTaskAlignedAssigner(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    inputs = problem(33)
+    masks = dict(zip(SEG, inputs[6:]))
+    asked = []
+    real = integ._Patched._fallback_reason
+
+    def counted(self, *args, **kwargs):
+        asked.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(integ._Patched, "_fallback_reason", counted)
+    first = ours(*inputs[:6], **masks)
+    second = ours(*inputs[:6], **masks)
+    assert len(asked) == 1
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    fewer = [t[:, :3] if i in (3, 4, 5) else t for i, t in enumerate(inputs)]
+    ours(*fewer[:6], **masks)
+    assert len(asked) == 2
+    monkeypatch.setenv(api.ENV_BACKEND, "reference")
+    got = ours(*inputs[:6], **masks)
+    assert len(asked) == 3
+    want = reference.assign_seg(*inputs, topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    monkeypatch.delenv(api.ENV_BACKEND)
+    bad = list(inputs)
+    bad[3] = inputs[3].clone()
+    bad[3][inputs[5][..., 0] != 0] = 3  # every real object's label out of [0, 3)
+    with pytest.raises(ValueError, match="gt_labels"):
+        ours(*bad[:6], **masks)
+    ours.eps = 0.0
+    with pytest.raises(ValueError, match="eps must be a positive number"):
+        ours(*inputs[:6], **masks)
+    assert len(asked) == 3
