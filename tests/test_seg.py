@@ -230,6 +230,29 @@ def test_odd_inputs(peer_tal, library, device, case):
     assert_kernel_matches(run_kernel(inputs, **kw), want, device, case)
 
 
+def test_negative_scores(peer_tal, library):
+    """Scores below 0 with alpha 1 (docs/odd-inputs.md): negative metrics, which rank below the zero of the anchors
+    outside an object's region, so only an image-sized object (every anchor a candidate) has positives with them; as
+    the one object row of its image, it gives negative normalised metrics. The reference is the peer to the sign of
+    its zeros (some -0, from the dense maximum over the rows); the kernel's scores equal them in value (their zeros'
+    signs may differ, docs/spec.md, "Precision"). On the CPU, where the peer runs with the tie rule."""
+    inputs = problem(27, objects=(1, 1))
+    inputs[0] = -inputs[0]
+    box = torch.tensor([-8.0, -8.0, 168.0, 168.0])
+    inputs[4] = box.expand_as(inputs[4]).clone()
+    inputs[1] = box + 4 * inputs[1] / inputs[1].amax()  # predictions near the object: overlaps near 1
+    kw = dict(num_classes=3, topk=10, alpha=1.0, beta=6.0)
+    want = run_reference(inputs, **kw)
+    theirs = run_peer(peer_tal, "cpu", inputs, **kw)
+    assert_equal(want, theirs)
+    assert torch.equal(want[2].signbit(), theirs[2].signbit())
+    assert ((want[2] == 0) & want[2].signbit()).any(), "the scene must give the peer's -0 scores"
+    got = run_kernel(inputs, **kw)
+    assert_kernel_matches(got, want, "cpu")
+    labels, scores, fg = got[0], got[2], got[3]
+    assert (scores.gather(-1, labels.clamp(max=2)[..., None])[..., 0][fg] < 0).any(), "negative normalised metrics"
+
+
 @pytest.mark.parametrize("device", devices())
 def test_a_flat_mask_scale(library, device):
     """mask_scale as (B,) instead of the peer's (B, 1): the same result on every backend."""
