@@ -22,6 +22,7 @@
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "amp.h"
@@ -71,9 +72,13 @@ inline at::Tensor stable_order_by_count(const int64_t* counts, int64_t B) {
 }
 
 // counts: the chosen anchors of each of the B images, on the host. stable: the images by decreasing count with ties in
-// increasing index (on the device of the inputs). The decode's order is argsort(counts, descending) on that device:
-// when no two positive counts are equal that is `stable` (the only order there is; the places of images without
-// chosen anchors are never decoded), else argsorted(), that call itself (its order among equal counts is its own).
+// increasing index (on the device of the inputs). The decode's order is argsort(counts, descending) on that device,
+// and it reaches the results only through which images each chunk holds: one batched product computes each of its
+// images alike (the same routine and shapes for all, an image's values from its own operands alone), whatever the
+// image's place in the chunk. Every order by decreasing count gives each chunk the same images unless equal positive
+// counts meet where a chunk ends and the next begins; then argsorted(), that call itself (its order among equal
+// counts is its own), else `stable` (the places of images without chosen anchors do not matter: they are never
+// read).
 // gather(images) returns proto[images].flatten(2) as gather_images does (contiguous, proto's dtype). pack(coef, order)
 // fills coef (B, n0, nm) (uninitialised): row (p, s) is pd_coef[b, a] for the s-th chosen anchor a of image
 // b = order[p] (s < n_b), and zeros past the image's count. count(decoded, start, stop, order) takes the product of
@@ -92,22 +97,28 @@ void decode_chosen_masks(const SegArgs& seg, int64_t B, const int64_t* counts, c
   std::vector<int64_t> n_of(counts, counts + B);  // the counts by position
   std::sort(n_of.begin(), n_of.end(), std::greater<int64_t>());
   if (n_of[0] == 0) return;
-  bool ties = false;
-  for (int64_t p = 1; p < B && n_of[p] > 0; ++p) ties = ties || n_of[p] == n_of[p - 1];
-  const at::Tensor order = ties ? argsorted() : stable;
+  // the chunks of positions (they depend on the sorted counts alone), and whether equal counts meet where one chunk
+  // ends and the next begins: only then does the order among equal counts decide which images share a chunk
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // [start, stop)
+  bool split_ties = false;
+  for (int64_t start = 0; start < B && n_of[start] > 0;) {
+    const int64_t stop = std::min(B, start + std::max<int64_t>(1, kChunkPixels / (n_of[start] * pixels)));
+    chunks.emplace_back(start, stop);
+    split_ties = split_ties || (stop < B && n_of[stop] > 0 && n_of[stop] == n_of[stop - 1]);
+    start = stop;
+  }
+  const at::Tensor order = split_ties ? argsorted() : stable;
   const bool whole = nm * pixels * c10::elementSize(operand_dtype(seg.proto)) % kAllocationAlignment == 0;
   const auto ordered = whole ? autocast_operand(gather(order)) : at::Tensor();
   auto coef = at::empty({B, n_of[0], nm}, seg.pd_coef.options());
   pack(coef, order);
-  for (int64_t start = 0; start < B && n_of[start] > 0;) {
+  for (const auto& [start, stop] : chunks) {
     const int64_t n = n_of[start];
-    const int64_t stop = std::min(B, start + std::max<int64_t>(1, kChunkPixels / (n * pixels)));
     const bool all = start == 0 && stop == B;  // then n is n0
     const auto lhs = autocast_operand(all ? coef : coef.slice(0, start, stop).slice(1, 0, n));
     const auto rhs = whole ? (all ? ordered : ordered.slice(0, start, stop))
                            : autocast_operand(gather(all ? order : order.slice(0, start, stop)));
     count(at::bmm(lhs, rhs), start, stop, order);
-    start = stop;
   }
 }
 

@@ -331,29 +331,70 @@ def chosen_per_image(inputs, **kw):
     return torch.bincount(key // pd_bboxes.shape[1], minlength=pd_bboxes.shape[0]).tolist()
 
 
+def argsort_calls(fn):
+    """fn's result and how many times it called the sort routine (torch.argsort, seen by the profiler also where the
+    compiled kernels call it)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fn()
+    return out, sum(e.name == "aten::argsort" for e in prof.events())
+
+
+def copies_of_the_first(inputs, batch, reduce_last=False):
+    """`batch` images, each a copy of the first of `inputs` in what decides the chosen anchors (scores, boxes,
+    labels, objects), so that their counts are equal; the prototypes differ (image b adds 0.3 b times the first
+    image's field shifted by 13 b pixels), so that their predicted masks and mask IoUs do not. reduce_last: the last
+    image keeps half its objects (a smaller count)."""
+    out = [t if i == 2 else t[:1].expand(batch, *t.shape[1:]).clone() for i, t in enumerate(inputs)]  # anc_points
+    first = inputs[8][0]
+    out[8] = torch.stack([first + 0.3 * b * first.roll(13 * b, dims=-1) for b in range(batch)])
+    if reduce_last:
+        out[5][-1, out[5].shape[1] // 2:] = 0  # mask_gt
+    return out
+
+
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("counts", ["distinct", "equal", "distinct_and_zeros"])
+@pytest.mark.parametrize("counts", ["distinct", "equal", "distinct_and_zeros", "equal_within_a_chunk",
+                                    "equal_across_chunks"])
 def test_images_ordered_by_count(peer_tal, library, device, counts):
-    """The decode takes the images by decreasing count of chosen anchors: the kernels order them themselves when no
-    two positive counts are equal and call the sort routine when some are (here: every image a copy of the first).
-    Images without chosen anchors (here: two without objects) are never decoded, so their equal counts need no
-    sort. Every way must give the peer's result."""
-    inputs = problem(16, batch=5 if counts == "distinct_and_zeros" else 4, objects=(6, 20), device=device)
-    if counts == "equal":
-        inputs = [t if i == 2 else t[:1].expand_as(t).clone() for i, t in enumerate(inputs)]  # anc_points: (A, 2)
+    """The decode takes the images by decreasing count of chosen anchors. The order among equal counts decides which
+    images share a chunk only where equal counts meet at a chunk's end, so the kernels call the sort routine there
+    alone and order the images themselves otherwise: "equal" (four images, one chunk), "equal_within_a_chunk" (640
+    px, five images of which four equal ones fill the first chunk, the last image smaller) and
+    "equal_across_chunks" (five equal images: four in the first chunk, one in the second). The images share the
+    counts, not the masks: an image's mask IoUs put in another's place would change the result. Images without
+    chosen anchors (two without objects) are never decoded, so their equal counts need no sort. Every way must give
+    the peer's result."""
+    big = counts in ("equal_within_a_chunk", "equal_across_chunks")
+    batch = 5 if counts in ("distinct_and_zeros", "equal_within_a_chunk", "equal_across_chunks") else 4
+    if big:  # an image of 1,118 chosen anchors at 640 px: chunks of 4 images (2^27 // (1118 * 160 * 160))
+        inputs = problem(32, batch=2, img_size=640, objects=(25, 35), device=device)
+        kw = dict(num_classes=3, topk=40, alpha=0.5, beta=6.0)
+    else:
+        inputs = problem(16, batch=batch, objects=(6, 20), device=device)
+        kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
+    if counts.startswith("equal"):
+        inputs = copies_of_the_first(inputs, batch, reduce_last=counts == "equal_within_a_chunk")
     if counts == "distinct_and_zeros":
         inputs[5] = inputs[5].clone()
         inputs[5][1::2] = 0  # mask_gt: images 1 and 3 without objects
-    kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
     n = chosen_per_image(inputs, **kw)
     positive = [c for c in n if c > 0]
-    if counts == "equal":
+    if counts == "equal" or counts == "equal_across_chunks":
         assert len(set(n)) == 1 and n[0] > 0, n
+    elif counts == "equal_within_a_chunk":
+        assert len(set(n[:-1])) == 1 and 0 < n[-1] < n[0], n
     else:
         assert len(set(positive)) == len(positive) and len(n) - len(positive) == (2 if counts != "distinct" else 0), n
+    if big:
+        mh, mw = inputs[8].shape[-2:]
+        assert reference.SEG_CHUNK_PIXELS // (n[0] * mh * mw) == 4, n
     want = run_reference(inputs, **kw)
     assert_equal(want, run_peer(peer_tal, device, inputs, **kw))
-    assert_kernel_matches(run_kernel(inputs, **kw), want, device)
+    if counts.startswith("equal"):  # the images' results differ (their masks do)
+        assert any(not torch.equal(want[2][0], want[2][b]) for b in range(1, batch)), counts
+    got, sorts = argsort_calls(lambda: run_kernel(inputs, **kw))
+    assert sorts == (1 if counts == "equal_across_chunks" else 0), (counts, sorts)
+    assert_kernel_matches(got, want, device)
 
 
 @pytest.mark.parametrize("device", devices())

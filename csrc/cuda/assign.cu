@@ -34,17 +34,17 @@
 // Segmentation (assign_seg) runs the three row kernels with MaskChoicePass first, each row choosing its min(3K, A)
 // pairs by box metric plus eps (step 2 of docs/spec.md, "Segmentation") and each image counting its chosen anchors.
 // Then (mask_ious below, seg_masks.cuh): the images ordered by their counts (one launch) and the counts copied to
-// pinned host memory; while they travel, the chosen anchors' slots, the rows' sorted lists and the objects' mask
-// pixels (one launch) and the chosen pairs' crops cut into pieces (one launch); the wait for the copy (the one
-// synchronisation: the decode's shapes depend on the counts); and the decode of mask_decode.h: the images' order
-// (that of the device, or ATen's argsort when positive counts are equal), the prototypes gathered in that order (one
-// launch) and the packed coefficients (one launch), then per chunk ATen's batched product (as the reference reaches
-// it) and the pixel counts of its pieces (one launch). Step 3 then ranks by the mean of box overlap and mask IoU.
-// When a row's chosen pairs and K more fit a warp's list (seg_claims_kernel), the pairs not chosen, whose mask IoU
-// is 0, are ranked by the row kernels with UnchosenPass before the decode (launched before the wait, they run while
-// the host plans the first product), and one launch after the decode merges each row's chosen pairs with them; else
-// the row kernels run again with ClaimPass after the decode. Its buffers: O(B*M*k3 + B*A) in the workspace, the
-// gathered prototypes, the packed coefficients and one chunk at a time.
+// pinned host memory; while they travel, the chosen anchors' slots, the rows' sorted lists and the objects' mask pixels
+// (one launch) and the chosen pairs' crops cut into pieces (one launch); the wait for the copy (the one
+// synchronisation: the decode's shapes depend on the counts); and the decode of mask_decode.h: the images' order (that
+// of the device, or ATen's argsort when equal positive counts meet at a chunk's end), the prototypes gathered in that
+// order (one launch) and the packed coefficients (one launch), then per chunk ATen's batched product (as the reference
+// reaches it) and the pixel counts of its pieces (one launch). Step 3 then ranks by the mean of box overlap and mask
+// IoU. When a row's chosen pairs and K more fit a warp's list (seg_claims_kernel), the pairs not chosen, whose mask IoU
+// is 0, are ranked by the row kernels with UnchosenPass before the decode (launched before the wait, they run while the
+// host plans the first product), and one launch after the decode merges each row's chosen pairs with them; else the row
+// kernels run again with ClaimPass after the decode. Its buffers: O(B*M*k3 + B*A) in the workspace, the gathered
+// prototypes, the packed coefficients and one chunk at a time.
 //
 // Why memory stays bounded: no buffer is indexed by (row, anchor). Every one is O(B*A + B*M) and all are carved from
 // one allocation of the caching allocator on the current stream (workspace.cuh). Integer atomics only; results do
@@ -177,7 +177,7 @@ void mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& cho
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return out;
   };
-  // on equal positive counts: the order of at::argsort itself
+  // where equal positive counts meet at a chunk's end: the order of at::argsort itself
   auto argsorted = [&] {
     return at::argsort(at::from_blob(w.seg_per_image, {B}, opts.dtype(at::kLong)), /*dim=*/-1, /*descending=*/true);
   };
