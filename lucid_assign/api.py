@@ -375,7 +375,7 @@ def seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask
     if stride_val is None:
         return None
     check_eps(eps)
-    if pd_scores.device.type == "cpu":
+    if pd_scores.is_cpu:
         _check_label_values(gt_labels, mask_gt, num_classes)
     return ops.assign_seg(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,

@@ -224,23 +224,25 @@ class LucidSegTaskAlignedAssigner(_Patched, _ours.SegTaskAlignedAssigner):
     peer_name = "SegTaskAlignedAssigner"
 
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
-        args = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
         if extra.keys() != _SEG_KEYS:  # not the peer's segmentation loss: the peer's class says what it makes of it
-            return self.peer()(*args, **extra)
-        seg = tuple(extra[k] for k in _SEG_INPUTS)
+            return self.peer()(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra)
         # a signature that ran the kernel before runs it again (its host time is a share of the step: the checks and
-        # the choice of backend are asked once per signature)
-        with torch.no_grad():
-            out = api.seg_kernel_call(*args, *seg, topk=self.topk, num_classes=self.num_classes, alpha=self.alpha,
-                                      beta=self.beta, eps=self.eps, stride=self.stride, topk2=self.topk2,
-                                      backend=self.backend)
-        ran = None
-        if out is None:
-            ran = self._fallback_reason(pd_scores, pd_bboxes, anc_points, gt_bboxes, seg=seg)
-            if ran is not None:
-                out = self.peer()(*args, **extra)
-            else:
-                out = _ours.SegTaskAlignedAssigner.forward(self, *args, *seg)
+        # the choice of backend are asked once per signature; the op's outputs never require grad)
+        out = api.seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, extra["pd_coef"],
+                                  extra["mask_scale"], extra["proto"], extra["gt_masks"], topk=self.topk,
+                                  num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
+                                  stride=self.stride, topk2=self.topk2, backend=self.backend)
+        if out is not None:
+            if self._first_call:
+                self._note_first_call(pd_scores, None)
+            return out
+        args = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+        seg = tuple(extra[k] for k in _SEG_INPUTS)
+        ran = self._fallback_reason(pd_scores, pd_bboxes, anc_points, gt_bboxes, seg=seg)
+        if ran is not None:
+            out = self.peer()(*args, **extra)
+        else:
+            out = _ours.SegTaskAlignedAssigner.forward(self, *args, *seg)
         self._note_first_call(pd_scores, ran)
         return out
 
