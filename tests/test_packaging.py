@@ -41,12 +41,23 @@ def clean_env(**extra):
     return env
 
 
-def fresh_venv(path, *requirements):
-    run([sys.executable, "-m", "venv", str(path)], cwd=path.parent)
-    python = str(path / "bin" / "python")
-    if requirements:
-        run([python, "-m", "pip", "install", "-q", *requirements], cwd=path.parent, env=clean_env())
-    return python
+@pytest.fixture
+def fresh_venv(tmp_path):
+    """make(*requirements) -> the python of a new virtual environment under tmp_path with those requirements. The
+    environment (a torch with its CUDA libraries is several GB) is removed when the test ends, passed or failed, so
+    that the tests after it do not run short of disk."""
+    path = tmp_path / "venv"
+
+    def make(*requirements):
+        run([sys.executable, "-m", "venv", str(path)], cwd=tmp_path)
+        python = str(path / "bin" / "python")
+        if requirements:
+            run([python, "-m", "pip", "install", "-q", "--no-cache-dir", *requirements], cwd=tmp_path,
+                env=clean_env())
+        return python
+
+    yield make
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -140,12 +151,12 @@ print("ASSIGNERS", sorted({type(p.assigner).__name__ for p in (crit.one2many, cr
 """
 
 
-def test_wheel_in_a_fresh_environment(dist, tmp_path):
+def test_wheel_in_a_fresh_environment(dist, fresh_venv, tmp_path):
     """The wheel with its torch (and the peer, to train a step) in a fresh environment, run outside any source tree."""
     _, wheel = dist
-    python = fresh_venv(tmp_path / "venv", f"torch=={torch.__version__.split('+')[0]}")
-    run([python, "-m", "pip", "install", "-q", wheel, "ultralytics==8.4.190", "cloudpickle>=3.1.1"], cwd=tmp_path,
-        env=clean_env())
+    python = fresh_venv(f"torch=={torch.__version__.split('+')[0]}")
+    run([python, "-m", "pip", "install", "-q", "--no-cache-dir", wheel, "ultralytics==8.4.190", "cloudpickle>=3.1.1"],
+        cwd=tmp_path, env=clean_env())
     doctor = run([str(tmp_path / "venv" / "bin" / "lucid-assign"), "doctor"], cwd=tmp_path, env=clean_env()).stdout
     assert "compiled library: loaded (lucid_assign._C)" in doctor and "all checks passed" in doctor, doctor
     assert f"built with torch {torch.__version__}" in doctor, doctor
@@ -155,12 +166,12 @@ def test_wheel_in_a_fresh_environment(dist, tmp_path):
     assert "ASSIGNERS ['LucidRotatedTaskAlignedAssigner']" in step, step
 
 
-def test_sdist_builds_against_the_torch_of_the_environment(dist, tmp_path):
+def test_sdist_builds_against_the_torch_of_the_environment(dist, fresh_venv, tmp_path):
     """Plain `pip install` of the sdist (build isolation on) into an environment with another torch builds against
     that torch; the wheel built for the tests' torch, forced into it, is refused at import with the reason and the
     fix."""
     sdist, wheel = dist
-    python = fresh_venv(tmp_path / "venv", OTHER_TORCH)
+    python = fresh_venv(OTHER_TORCH)
     other = run([python, "-c", "import torch; print(torch.__version__)"], cwd=tmp_path, env=clean_env()).stdout.strip()
     run([python, "-m", "pip", "install", "-q", "--no-cache-dir", sdist], cwd=tmp_path,
         env=clean_env(FORCE_CUDA="0", MAX_JOBS=os.environ.get("MAX_JOBS", "2")))
@@ -168,8 +179,8 @@ def test_sdist_builds_against_the_torch_of_the_environment(dist, tmp_path):
     assert f"built with torch {other}" in doctor and "compiled library: loaded" in doctor, doctor
     assert "all checks passed" in doctor, doctor
 
-    run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", wheel], cwd=tmp_path,
-        env=clean_env())
+    run([python, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "--force-reinstall", wheel],
+        cwd=tmp_path, env=clean_env())
     imported = subprocess.run([python, "-c", "import lucid_assign; print(lucid_assign.backends()['library'])"],
                               cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
     assert imported.returncode == 0 and imported.stdout.strip() == "False", imported.stderr
