@@ -370,7 +370,7 @@ def seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask
     if torch.compiler.is_compiling():
         return None
     key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
-                     stride, backend, pd_coef, mask_scale, proto, gt_masks)
+                     stride, backend, seg=(pd_coef, mask_scale, proto, gt_masks))
     stride_val = _kernel_calls.get(key) if key is not None else None
     if stride_val is None:
         return None
@@ -437,7 +437,7 @@ def _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_g
     ``seg``) and the choice of backend, remembered per signature: the stride value to give the kernel, or None for the
     reference."""
     key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
-                     stride, backend, *(pose or ()), *(seg or ()))
+                     stride, backend, pose, seg)
     if key is not None and pose is not None:
         try:
             key += (tuple(level_range),)
@@ -475,15 +475,38 @@ _KERNEL_CALLS_MAX = 256
 
 
 def _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,
-               backend, *more):
-    """What check_inputs and choose_backend depend on, or None when it cannot be hashed (they then run). ``more``:
-    further tensors (the pose inputs)."""
+               backend, pose=None, seg=None):
+    """What check_inputs (with check_pose_inputs for the pose tensors ``pose``, check_seg_inputs for the mask tensors
+    ``seg``) and choose_backend depend on, or None when it cannot be hashed (they then run).
+
+    The object count M is left out: of it the checks ask only whether it is 0 and that the object tensors agree on it
+    (gt_masks: at least M rows). So an object tensor's shape enters without its object dimension but with whether
+    that relation holds (a signature where it does not fails its checks, and is never remembered): one signature
+    serves every M that a trainer's batches bring. The segmentation check also depends on whether autocast is on."""
     try:
-        key = (os.environ.get(ENV_BACKEND), backend, topk, topk2, num_classes, tuple(stride))
-        for t in (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *more):
+        n_boxes = gt_bboxes.shape[1] if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 else -1
+        key = (os.environ.get(ENV_BACKEND), backend, topk, topk2, num_classes, tuple(stride), n_boxes == 0)
+        shaped, per_object, at_least = (pd_scores, pd_bboxes, anc_points), (gt_labels, gt_bboxes, mask_gt), ()
+        if pose is not None:
+            shaped += (pose[0], pose[1], pose[3])
+            per_object += (pose[2],)
+        if seg is not None:
+            shaped += seg[:3]
+            at_least = seg[3:]
+        for t in shaped:
             if not isinstance(t, torch.Tensor):
                 return None
             key += (t.shape, t.dtype, t.device)
+        for or_more, tensors in ((False, per_object), (True, at_least)):
+            for t in tensors:
+                if not isinstance(t, torch.Tensor):
+                    return None
+                s = t.shape
+                holds = len(s) >= 2 and (s[1] >= n_boxes if or_more else s[1] == n_boxes)
+                key += (s[0] if s else None, s[2:], holds, t.dtype, t.device)
+        if seg is not None and seg[0].dtype != seg[2].dtype:  # allowed under autocast alone
+            kind = seg[0].device.type
+            key += (kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind),)
         hash(key)
     except TypeError:
         return None

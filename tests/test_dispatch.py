@@ -135,3 +135,32 @@ def test_a_non_tensor_argument_is_named(position):
     names = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
     with pytest.raises(TypeError, match=names[position]):
         lucid_assign.assign(*args, **KW)
+
+
+def test_one_signature_serves_every_object_count(library, spies, monkeypatch):
+    """A trainer's batches bring a new object count M step after step: a signature once checked serves them all (the
+    checks ask only that the object tensors agree on M and whether it is 0), and the outputs are the reference's for
+    each. Object tensors that disagree on M, or a count that turns a topk the anchors allowed at M = 0 into one they
+    do not, are still refused, naming the argument."""
+    monkeypatch.setattr(api, "_kernel_calls", {})
+    checked = []
+    real = api.check_inputs
+    monkeypatch.setattr(api, "check_inputs", lambda *a, **k: checked.append(1) or real(*a, **k))
+    for n_boxes in (12, 5, 30, 1):
+        args = make_problem(n_boxes, True, n_boxes=n_boxes, pad_rows=min(3, n_boxes - 1))
+        got = lucid_assign.assign(*args, **KW)
+        want = reference.assign(*args, **KW)
+        for i in (0, 1, 3, 4):
+            assert torch.equal(got[i], want[i]), (n_boxes, i)
+    assert checked == [1] and len(api._kernel_calls) == 1 and spies == ["kernel", "reference"] * 4
+    args = make_problem(0, True)
+    for position, name in ((3, "gt_labels"), (5, "mask_gt")):
+        bad = list(args)
+        bad[position] = args[position][:, :-1]
+        with pytest.raises(ValueError, match=name):
+            lucid_assign.assign(*bad, **KW)
+    n_anchors = args[2].shape[0]
+    empty = [t[:, :0] if i in (3, 4, 5) else t for i, t in enumerate(args)]
+    lucid_assign.assign(*empty, **dict(KW, topk=n_anchors + 1))  # no objects: any topk
+    with pytest.raises(ValueError, match="topk"):
+        lucid_assign.assign(*args, **dict(KW, topk=n_anchors + 1))

@@ -376,9 +376,9 @@ def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, lib
 
 def test_a_repeated_seg_call_goes_straight_to_the_kernel(integ, library, monkeypatch):
     """The patched segmentation assigner asks api.seg_kernel_call first: a call whose signature once chose the kernel
-    runs the kernel without the fallback check and the module's layers (the same outputs); another signature (fewer
-    object rows) or a backend forced by the environment goes the long way; eps and, on the CPU, the labels are still
-    checked on every call."""
+    runs the kernel without the fallback check and the module's layers (the same outputs), and so does one with
+    another object count (the signature leaves it out); another signature (a float64 mask_scale) or a backend forced
+    by the environment goes the long way; eps and, on the CPU, the labels are still checked on every call."""
     from test_seg import SEG, problem
 
     from ultralytics.utils import loss
@@ -403,7 +403,11 @@ def test_a_repeated_seg_call_goes_straight_to_the_kernel(integ, library, monkeyp
     assert len(asked) == 1
     assert all(torch.equal(a, b) for a, b in zip(first, second))
     fewer = [t[:, :3] if i in (3, 4, 5) else t for i, t in enumerate(inputs)]
-    ours(*fewer[:6], **masks)
+    got = ours(*fewer[:6], **masks)
+    assert len(asked) == 1
+    want = reference.assign_seg(*fewer, topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    assert all(torch.equal(a, b) for a, b in zip(got[:2] + got[3:], want[:2] + want[3:]))
+    ours(*inputs[:6], **dict(masks, mask_scale=masks["mask_scale"].double()))
     assert len(asked) == 2
     monkeypatch.setenv(api.ENV_BACKEND, "reference")
     got = ours(*inputs[:6], **masks)

@@ -311,6 +311,27 @@ def test_bad_inputs_name_the_argument(change, match):
         api.assign_pose(*inputs, num_classes=3, topk=10)
 
 
+def test_one_signature_serves_every_object_count(library, monkeypatch):
+    """As for assign (test_dispatch.py): once a signature passed its checks, a call with another object count runs
+    the kernel without them, the reference's outputs; gt_kpts whose object count is not gt_bboxes' are still
+    refused."""
+    monkeypatch.setattr(api, "_kernel_calls", {})
+    kw = dict(num_classes=3, topk=10)
+    inputs = problem(40)
+    assert inputs[4].shape[1] > 3
+    api.assign_pose(*inputs, **kw)
+    checked = []
+    real = api.check_pose_inputs
+    monkeypatch.setattr(api, "check_pose_inputs", lambda *a: checked.append(1) or real(*a))
+    fewer = [t[:, :3] if i in (3, 4, 5, 8) else t for i, t in enumerate(inputs)]
+    assert_kernel_matches(api.assign_pose(*fewer, **kw), run_reference(fewer, **kw), "cpu", inputs[8].shape[2])
+    assert checked == [] and len(api._kernel_calls) == 1
+    bad = list(inputs)
+    bad[8] = inputs[8][:, :-1]
+    with pytest.raises(ValueError, match="gt_kpts must be"):
+        api.assign_pose(*bad, **kw)
+
+
 def test_oriented_boxes_are_refused(library):
     inputs = problem(17)
     inputs[1] = torch.cat((inputs[1], torch.zeros_like(inputs[1][..., :1])), -1)

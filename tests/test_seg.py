@@ -476,6 +476,34 @@ def test_pair_slot_limit(library):
         run_kernel(inputs, num_classes=3, topk=topk)
 
 
+def test_one_signature_serves_every_object_count(library, monkeypatch):
+    """As for assign (test_dispatch.py): once a signature passed its checks, a call with another object count runs
+    the kernel without them, the reference's outputs; gt_masks with fewer rows than objects are still refused, and
+    so are pd_coef and proto of two dtypes outside the autocast that let them pass (the check depends on it)."""
+    monkeypatch.setattr(api, "_kernel_calls", {})
+    kw = dict(num_classes=3, topk=10)
+    inputs = problem(40)
+    n_boxes = inputs[4].shape[1]
+    assert n_boxes > 3 and inputs[9].shape[1] == n_boxes
+    api.assign_seg(*inputs, **kw)
+    checked = []
+    real = api.check_seg_inputs
+    monkeypatch.setattr(api, "check_seg_inputs", lambda *a: checked.append(1) or real(*a))
+    fewer = [t[:, :3] if i in (3, 4, 5) else t for i, t in enumerate(inputs)]  # gt_masks: more rows than objects
+    assert_kernel_matches(api.assign_seg(*fewer, **kw), run_reference(fewer, **kw), "cpu")
+    assert checked == [] and len(api._kernel_calls) == 1
+    bad = list(inputs)
+    bad[9] = inputs[9][:, : n_boxes - 1]
+    with pytest.raises(ValueError, match="gt_masks must be"):
+        api.assign_seg(*bad, **kw)
+    mixed = list(inputs)
+    mixed[6] = inputs[6].bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        api.assign_seg(*mixed, **kw)
+    with pytest.raises(TypeError, match="pd_coef and proto must have one dtype outside autocast"):
+        api.assign_seg(*mixed, **kw)
+
+
 @pytest.mark.parametrize("eps", [0.0, -1e-9, float("nan")])
 def test_eps_must_be_positive(library, eps):
     """Step 6 divides by pa + eps: with eps <= 0 a row owning nothing divides 0 by 0, so eps is refused."""
