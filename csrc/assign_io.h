@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <tuple>
 
+#include "amp.h"
 #include "checks.h"
 
 namespace lucid {
@@ -37,13 +38,15 @@ struct PoseArgs {
 };
 
 // The mask inputs of assign_seg, checked (check_assign_seg_args), that each backend's assign adds to the box inputs;
-// absent (a null pointer) otherwise. k3: the pairs per object that get a mask IoU, min(3 * topk, A).
+// absent (a null pointer) otherwise. k3: the pairs per object that get a mask IoU, min(3 * topk, A). matmul_dtype: the
+// call's autocast region (amp.h), whose dtype the decode's product takes.
 struct SegArgs {
   const at::Tensor& pd_coef;
   const at::Tensor& mask_scale;
   const at::Tensor& proto;
   const at::Tensor& gt_masks;
   int64_t k3;
+  AutocastDtype matmul_dtype;
 };
 
 struct AssignOutputs {

@@ -33,19 +33,17 @@ namespace lucid {
 constexpr int64_t kChunkPixels = int64_t{1} << 27;  // reference.SEG_CHUNK_PIXELS
 constexpr int64_t kSegTopkFactor = 3;               // reference.SEG_TOPK_FACTOR
 
-// An operand as CUDA autocast would cast it for matmul (amp.h): floating tensors other than float64, to the dtype
-// of the autocast kernel that forwarded this call (none: unchanged).
-inline at::Tensor autocast_operand(const at::Tensor& t) {
-  const auto& dtype = autocast_matmul_dtype();
-  if (!dtype || !t.is_floating_point() || t.scalar_type() == at::kDouble || t.scalar_type() == *dtype) return t;
-  return t.to(*dtype);
-}
-
-// The dtype an operand takes in the product (autocast_operand's).
-inline at::ScalarType operand_dtype(const at::Tensor& t) {
-  const auto& dtype = autocast_matmul_dtype();
+// The dtype an operand takes in the product: as autocast casts it for matmul (amp.h), floating tensors other than
+// float64 to the dtype of the call's autocast region (none: unchanged).
+inline at::ScalarType operand_dtype(const at::Tensor& t, const AutocastDtype& dtype) {
   if (!dtype || !t.is_floating_point() || t.scalar_type() == at::kDouble) return t.scalar_type();
   return *dtype;
+}
+
+// An operand cast to operand_dtype.
+inline at::Tensor autocast_operand(const at::Tensor& t, const AutocastDtype& dtype) {
+  const auto to = operand_dtype(t, dtype);
+  return t.scalar_type() == to ? t : t.to(to);
 }
 
 // proto[images].flatten(2) as the reference's `[]` computes it (at::index); for contiguous prototypes index_select
@@ -108,16 +106,17 @@ void decode_chosen_masks(const SegArgs& seg, int64_t B, const int64_t* counts, c
     start = stop;
   }
   const at::Tensor order = split_ties ? argsorted() : stable;
-  const bool whole = nm * pixels * c10::elementSize(operand_dtype(seg.proto)) % kAllocationAlignment == 0;
-  const auto ordered = whole ? autocast_operand(gather(order)) : at::Tensor();
+  const int64_t element = c10::elementSize(operand_dtype(seg.proto, seg.matmul_dtype));
+  const bool whole = nm * pixels * element % kAllocationAlignment == 0;
+  const auto ordered = whole ? autocast_operand(gather(order), seg.matmul_dtype) : at::Tensor();
   auto coef = at::empty({B, n_of[0], nm}, seg.pd_coef.options());
   pack(coef, order);
   for (const auto& [start, stop] : chunks) {
     const int64_t n = n_of[start];
     const bool all = start == 0 && stop == B;  // then n is n0
-    const auto lhs = autocast_operand(all ? coef : coef.slice(0, start, stop).slice(1, 0, n));
+    const auto lhs = autocast_operand(all ? coef : coef.slice(0, start, stop).slice(1, 0, n), seg.matmul_dtype);
     const auto rhs = whole ? (all ? ordered : ordered.slice(0, start, stop))
-                           : autocast_operand(gather(all ? order : order.slice(0, start, stop)));
+                           : autocast_operand(gather(all ? order : order.slice(0, start, stop)), seg.matmul_dtype);
     count(at::bmm(lhs, rhs), start, stop, order);
   }
 }

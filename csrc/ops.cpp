@@ -4,12 +4,11 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <tuple>
-
-#include "amp.h"
 
 TORCH_LIBRARY(lucid, m) {
   // Step 1 (docs/spec.md): (B, M, A) bool, true where anchor a lies in the candidate region of box m of image b.
@@ -31,11 +30,12 @@ TORCH_LIBRARY(lucid, m) {
   m.def("resolve_conflicts(Tensor mask_pos, Tensor overlaps) -> Tensor");
 
   // The whole assignment, steps 1-6, without any (B, M, A) tensor. Returns (target_labels, target_bboxes,
-  // target_scores, fg_mask, target_gt_idx).
+  // target_scores, fg_mask, target_gt_idx). autocast_dtype, here and in assign_pose and assign_seg: the autocast
+  // region the results are those of (amp.h; None: outside autocast), filled by the autocast kernel below.
   m.def(
       "assign(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
-      "Tensor mask_gt, int topk, int topk2, int num_classes, float alpha, float beta, float eps, float stride_val) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor mask_gt, int topk, int topk2, int num_classes, float alpha, float beta, float eps, float stride_val, *, "
+      "ScalarType? autocast_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // The pose assignment (docs/spec.md, "Pose"): assign for x1y1x2y2 boxes, with step 1 gated by pyramid level
   // (anc_strides (A,), object side between level_lo and level_hi strides) and the keypoint OKS as step 2's overlap
@@ -43,8 +43,8 @@ TORCH_LIBRARY(lucid, m) {
   m.def(
       "assign_pose(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
       "Tensor mask_gt, Tensor anc_strides, Tensor pd_kpts, Tensor gt_kpts, Tensor sigmas, int topk, int topk2, "
-      "int num_classes, float alpha, float beta, float eps, float stride_val, float level_lo, float level_hi) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "int num_classes, float alpha, float beta, float eps, float stride_val, float level_lo, float level_hi, *, "
+      "ScalarType? autocast_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // The segmentation assignment (docs/spec.md, "Segmentation"): assign for x1y1x2y2 boxes whose step 2 overlap is the
   // mean of the box overlap and the IoU of the object's mask (gt_masks (B, >= M, mh, mw), nonzero inside) with the
@@ -54,8 +54,8 @@ TORCH_LIBRARY(lucid, m) {
   m.def(
       "assign_seg(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
       "Tensor mask_gt, Tensor pd_coef, Tensor mask_scale, Tensor proto, Tensor gt_masks, int topk, int topk2, "
-      "int num_classes, float alpha, float beta, float eps, float stride_val) -> (Tensor, Tensor, Tensor, Tensor, "
-      "Tensor)");
+      "int num_classes, float alpha, float beta, float eps, float stride_val, *, ScalarType? autocast_dtype=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 // The assignment produces targets, not something to differentiate: the outputs are constants. A fallthrough at the
@@ -69,73 +69,27 @@ TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   }
 }
 
-// CUDA autocast runs `pow` in float32 (amp.h): the ops that take the power of the scores (assign, assign_pose,
-// box_metrics) see float16/bfloat16 scores as widened exactly, so that every backend computes what the reference
-// computes in the same context. box_metrics is given widened scores; assign and assign_pose are forwarded with the
-// flag of amp.h, which their CUDA kernel reads (the same values, without a float32 copy of the scores). CPU autocast
-// leaves pow in the input dtype and needs nothing. assign_seg is also forwarded with autocast's matmul dtype (amp.h),
-// which the decode of its masks applies as autocast would.
+// The fused ops take their autocast region as the argument autocast_dtype (amp.h). Their autocast kernel, one boxed
+// function for the three ops and both devices, fills it from the region it is called in when the caller left it None
+// and forwards the call below autocast, so every backend computes what the reference computes in that region; a
+// graph recorded by torch.compile holds the filled argument. box_metrics, a dense pass, is given widened scores
+// under CUDA autocast (CPU autocast leaves pow in the input dtype and needs nothing); the other passes fall through.
 namespace {
+
+template <c10::DeviceType device, c10::DispatchKey autocast_key>
+void autocast_fused(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  TORCH_INTERNAL_ASSERT(!args.empty() && args.back().name() == "autocast_dtype", op.schema().name(),
+                        ": the last argument must be autocast_dtype");
+  auto& region = (*stack)[stack->size() - 1];  // the last argument is on top of the stack
+  if (region.isNone()) region = c10::IValue(at::autocast::get_autocast_dtype(device));
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(autocast_key);
+  op.callBoxed(stack);
+}
 
 bool narrow_cuda_scores(const at::Tensor& s) {
   const auto t = s.scalar_type();
   return (t == at::kHalf || t == at::kBFloat16) && s.is_cuda();
-}
-
-at::Tensor widen_scores(const at::Tensor& s) { return narrow_cuda_scores(s) ? s.to(at::kFloat) : s; }
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_autocast(
-    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
-    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2, int64_t num_classes,
-    double alpha, double beta, double eps, double stride_val) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lucid::assign", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double, double,
-                                 double, double)>();
-  const lucid::ScoresPowInFloat32 flag(narrow_cuda_scores(pd_scores));
-  return op.call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha,
-                 beta, eps, stride_val);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_pose_autocast(
-    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
-    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, const at::Tensor& anc_strides, const at::Tensor& pd_kpts,
-    const at::Tensor& gt_kpts, const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes,
-    double alpha, double beta, double eps, double stride_val, double level_lo, double level_hi) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lucid::assign_pose", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double, double,
-                                 double, double, double, double)>();
-  const lucid::ScoresPowInFloat32 flag(narrow_cuda_scores(pd_scores));
-  return op.call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts,
-                 sigmas, topk, topk2, num_classes, alpha, beta, eps, stride_val, level_lo, level_hi);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> assign_seg_autocast(
-    const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points, const at::Tensor& gt_labels,
-    const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, const at::Tensor& pd_coef, const at::Tensor& mask_scale,
-    const at::Tensor& proto, const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes,
-    double alpha, double beta, double eps, double stride_val) {
-  const auto matmul_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::DispatchKey::AutocastCUDA);
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("lucid::assign_seg", "")
-                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double, double,
-                                 double, double)>();
-  const lucid::ScoresPowInFloat32 flag(narrow_cuda_scores(pd_scores));
-  const lucid::AutocastMatmulDtype matmul(matmul_dtype);
-  return op.call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
-                 topk, topk2, num_classes, alpha, beta, eps, stride_val);
 }
 
 std::tuple<at::Tensor, at::Tensor> box_metrics_autocast(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,
@@ -147,17 +101,27 @@ std::tuple<at::Tensor, at::Tensor> box_metrics_autocast(const at::Tensor& pd_sco
                              .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, double, double)>();
-  return op.call(widen_scores(pd_scores), pd_bboxes, gt_labels, gt_bboxes, candidates, alpha, beta);
+  const auto scores = narrow_cuda_scores(pd_scores) ? pd_scores.to(at::kFloat) : pd_scores;
+  return op.call(scores, pd_bboxes, gt_labels, gt_bboxes, candidates, alpha, beta);
 }
+
+constexpr const char* kFusedOps[] = {"assign", "assign_pose", "assign_seg"};
+constexpr const char* kPassOps[] = {"points_in_boxes", "pair_overlaps", "resolve_conflicts"};
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(lucid, AutocastCUDA, m) {
-  m.impl("assign", &assign_autocast);
-  m.impl("assign_pose", &assign_pose_autocast);
-  m.impl("assign_seg", &assign_seg_autocast);
+  for (const char* op : kFusedOps) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<
+                   &autocast_fused<c10::DeviceType::CUDA, c10::DispatchKey::AutocastCUDA>>());
+  }
   m.impl("box_metrics", &box_metrics_autocast);
-  for (const char* op : {"points_in_boxes", "pair_overlaps", "resolve_conflicts"}) {
-    m.impl(op, torch::CppFunction::makeFallthrough());
+  for (const char* op : kPassOps) m.impl(op, torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(lucid, AutocastCPU, m) {
+  for (const char* op : kFusedOps) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<
+                   &autocast_fused<c10::DeviceType::CPU, c10::DispatchKey::AutocastCPU>>());
   }
 }

@@ -84,6 +84,7 @@ def resolve_conflicts(mask_pos: torch.Tensor, overlaps: torch.Tensor) -> torch.T
 def assign(
     pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk: int = 13, topk2: int | None = None,
     num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0, eps: float = 1e-9, stride_val: float = 16.0,
+    autocast_dtype: torch.dtype | None = None,
 ):
     """The whole assignment, ``torch.ops.lucid.assign`` (steps 1-6), without any (B, M, A) tensor.
 
@@ -93,6 +94,10 @@ def assign(
         anc_points: (A, 2), dtype of the boxes or a narrower float type (widened exactly). gt_labels, mask_gt:
             (B, M, 1).
         topk, topk2: K and K2 (``topk2=None`` means K). stride_val: the side floor (``stride[1]`` of the trainer).
+        autocast_dtype: the autocast region whose results to compute (its dtype; None: outside one). Inside
+            ``torch.autocast`` the op fills it from the region itself, so a graph that torch.compile records, or a call
+            replayed outside the region, gives the results of the region: on CUDA the power of float16/bfloat16
+            scores is then taken in float32, as autocast takes the reference's.
 
     Returns:
         ``(target_labels (B, A) int64, target_bboxes (B, A, D), target_scores (B, A, C) in the boxes' dtype,
@@ -101,14 +106,14 @@ def assign(
     _require("assign")
     return torch.ops.lucid.assign.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, int(topk), int(topk2 or topk),
-        int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
+        int(num_classes), float(alpha), float(beta), float(eps), float(stride_val), autocast_dtype=autocast_dtype,
     )
 
 
 def assign_pose(
     pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts, sigmas, *,
     topk: int = 13, topk2: int | None = None, num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0,
-    eps: float = 1e-9, stride_val: float = 16.0, level_range=(2.0, 12.0),
+    eps: float = 1e-9, stride_val: float = 16.0, level_range=(2.0, 12.0), autocast_dtype: torch.dtype | None = None,
 ):
     """The pose assignment, ``torch.ops.lucid.assign_pose`` (docs/spec.md, "Pose"): ``assign`` for x1y1x2y2 boxes
     with step 1 gated by pyramid level and the keypoint OKS as the overlap.
@@ -120,6 +125,7 @@ def assign_pose(
         gt_kpts: (B, M, K, 3) object keypoints x, y, visibility, the boxes' dtype; K <= 63.
         sigmas: (K,) the keypoints' OKS sigmas, the boxes' dtype.
         level_range: (lo, hi): an object of side s is a candidate on the levels of stride t with lo*t <= s <= hi*t.
+        autocast_dtype: as for ``assign``.
 
     Returns:
         as ``assign``.
@@ -129,14 +135,14 @@ def assign_pose(
     return torch.ops.lucid.assign_pose.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts, sigmas,
         int(topk), int(topk2 or topk), int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
-        float(lo), float(hi),
+        float(lo), float(hi), autocast_dtype=autocast_dtype,
     )
 
 
 def assign_seg(
     pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks, *,
     topk: int = 13, topk2: int | None = None, num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0,
-    eps: float = 1e-9, stride_val: float = 16.0,
+    eps: float = 1e-9, stride_val: float = 16.0, autocast_dtype: torch.dtype | None = None,
 ):
     """The segmentation assignment, ``torch.ops.lucid.assign_seg`` (docs/spec.md, "Segmentation"): ``assign`` for
     x1y1x2y2 boxes whose overlap is the mean of the box overlap and the mask IoU of each object's min(3 * topk, A) best
@@ -148,6 +154,8 @@ def assign_seg(
         mask_scale: (B, 1) float32 or float64, mask pixels per box unit.
         proto: (B, nm, mh, mw) prototypes, any float dtype.
         gt_masks: (B, >= M, mh, mw) object masks, bool (or numbers: nonzero is inside).
+        autocast_dtype: as for ``assign``; the product of the masks' decode also takes that dtype, as autocast gives
+            the reference's (CUDA and CPU).
 
     Returns:
         as ``assign``.
@@ -156,13 +164,23 @@ def assign_seg(
     return torch.ops.lucid.assign_seg.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
         int(topk), int(topk2 or topk), int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
+        autocast_dtype=autocast_dtype,
     )
+
+
+def _one_device(*tensors) -> None:
+    """The check of every kernel (csrc/checks.h) in the fake kernels, which also serve meta tensors: a call that mixes
+    meta tensors with others is refused as one that mixes CPU and CUDA tensors is."""
+    first = tensors[0].device
+    for t in tensors[1:]:
+        torch._check(t.device == first, lambda: f"all inputs must be on one device: got {first} and {t.device}")
 
 
 if _library.loaded():
 
     @torch.library.register_fake("lucid::points_in_boxes")
     def _points_in_boxes_fake(anc_points, gt_bboxes, mask_gt, stride_val):
+        _one_device(anc_points, gt_bboxes, mask_gt)
         torch._check(anc_points.dim() == 2, lambda: f"anc_points must be (A, 2), got {tuple(anc_points.shape)}")
         torch._check(gt_bboxes.dim() == 3, lambda: f"gt_bboxes must be (B, M, 4|5), got {tuple(gt_bboxes.shape)}")
         bs, n_boxes = gt_bboxes.shape[:2]
@@ -170,32 +188,39 @@ if _library.loaded():
 
     @torch.library.register_fake("lucid::pair_overlaps")
     def _pair_overlaps_fake(gt_bboxes, pd_bboxes):
+        _one_device(gt_bboxes, pd_bboxes)
         return gt_bboxes.new_empty(gt_bboxes.shape[:1])
 
     @torch.library.register_fake("lucid::box_metrics")
     def _box_metrics_fake(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates, alpha, beta):
+        _one_device(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates)
         shape = candidates.shape
         return pd_scores.new_empty(shape, dtype=gt_bboxes.dtype), pd_bboxes.new_empty(shape)
 
     @torch.library.register_fake("lucid::resolve_conflicts")
     def _resolve_conflicts_fake(mask_pos, overlaps):
+        _one_device(mask_pos, overlaps)
         return torch.empty_like(mask_pos, memory_format=torch.contiguous_format)
 
     @torch.library.register_fake("lucid::assign_pose")
     def _assign_pose_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts,
-                          gt_kpts, sigmas, topk, topk2, num_classes, alpha, beta, eps, stride_val, level_lo, level_hi):
+                          gt_kpts, sigmas, topk, topk2, num_classes, alpha, beta, eps, stride_val, level_lo, level_hi,
+                          autocast_dtype=None):
+        _one_device(pd_scores, anc_strides, pd_kpts, gt_kpts, sigmas)
         return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                             alpha, beta, eps, stride_val)
 
     @torch.library.register_fake("lucid::assign_seg")
     def _assign_seg_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
-                         gt_masks, topk, topk2, num_classes, alpha, beta, eps, stride_val):
+                         gt_masks, topk, topk2, num_classes, alpha, beta, eps, stride_val, autocast_dtype=None):
+        _one_device(pd_scores, pd_coef, mask_scale, proto, gt_masks)
         return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                             alpha, beta, eps, stride_val)
 
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
-                     alpha, beta, eps, stride_val):
+                     alpha, beta, eps, stride_val, autocast_dtype=None):
+        _one_device(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
         torch._check(pd_scores.dim() == 3, lambda: f"pd_scores must be (B, A, C), got {tuple(pd_scores.shape)}")
         bs, n_anchors, n_cls = pd_scores.shape
         box_dim = gt_bboxes.shape[-1]

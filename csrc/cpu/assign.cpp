@@ -99,7 +99,8 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
 
 Outputs5 assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                     const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
-                    int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val) {
+                    int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
+                    AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
@@ -110,7 +111,8 @@ Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
                          const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
                          const at::Tensor& anc_strides, const at::Tensor& pd_kpts, const at::Tensor& gt_kpts,
                          const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                         double beta, double eps, double stride_val, double level_lo, double level_hi) {
+                         double beta, double eps, double stride_val, double level_lo, double level_hi,
+                         AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   const int64_t K =
@@ -124,11 +126,11 @@ Outputs5 assign_seg_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes
                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
                         const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
                         const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                        double beta, double eps, double stride_val) {
+                        double beta, double eps, double stride_val, AutocastDtype autocast_dtype) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
-  const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A)};
+  const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A), autocast_dtype};
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
              eps, stride_val, nullptr, &seg);
 }

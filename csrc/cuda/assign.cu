@@ -187,7 +187,7 @@ void mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& cho
 Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
              const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
              int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
-             const PoseArgs* pose_args, const SegArgs* seg_args) {
+             const PoseArgs* pose_args, const SegArgs* seg_args, const AutocastDtype& autocast_dtype) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const c10::cuda::CUDAGuard guard(pd_scores.device());
   // the ATen calls below make working tensors (and the outputs, which never require grad): no autograd or view
@@ -201,7 +201,7 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
   const auto result = AssignOutputs::make(d, opts, box_t, num_classes, /*zero_scores=*/false);
   if (M == 0 || B * A == 0) return result.tuple();
   const auto stream = at::cuda::getCurrentCUDAStream();
-  const bool pow_wide = scores_pow_in_float32();  // set by the autocast kernel for float16/bfloat16 scores
+  const bool pow_wide = scores_pow_in_float32(autocast_dtype, c10::DeviceType::CUDA, pd_scores.scalar_type());
   // float32 mask and labels (any strides) are converted by prepare_kernel; others by ATen here
   const bool rows_in_kernel = mask_gt.scalar_type() == at::kFloat && gt_labels.scalar_type() == at::kFloat;
   at::Tensor valid_t, labels_t;
@@ -399,42 +399,44 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
 
 Outputs5 assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                      const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
-                     int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val) {
+                     int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
+                    AutocastDtype autocast_dtype) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, nullptr, nullptr);
+             eps, stride_val, nullptr, nullptr, autocast_dtype);
 }
 
 Outputs5 assign_pose_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                           const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
                           const at::Tensor& anc_strides, const at::Tensor& pd_kpts, const at::Tensor& gt_kpts,
                           const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                          double beta, double eps, double stride_val, double level_lo, double level_hi) {
+                          double beta, double eps, double stride_val, double level_lo, double level_hi,
+                         AutocastDtype autocast_dtype) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   const int64_t K =
       check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
   const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, &pose, nullptr);
+             eps, stride_val, &pose, nullptr, autocast_dtype);
 }
 
 Outputs5 assign_seg_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                          const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
                          const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
                          const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                         double beta, double eps, double stride_val) {
+                         double beta, double eps, double stride_val, AutocastDtype autocast_dtype) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
-  const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A)};
+  const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A), autocast_dtype};
   // the pieces of the chosen pairs are indexed in 32 bits (seg_masks.cuh)
   TORCH_CHECK(d.B * d.M * seg.k3 < std::numeric_limits<int32_t>::max() / kMaxPieces,
               "lucid.assign_seg on CUDA: too many pair slots (B x M x min(3 * topk, A) = ", d.B, " x ", d.M, " x ",
               seg.k3, "; at most ", std::numeric_limits<int32_t>::max() / kMaxPieces, ")");
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, nullptr, &seg);
+             eps, stride_val, nullptr, &seg, autocast_dtype);
 }
 
 }  // namespace
