@@ -2,8 +2,8 @@
 
 from . import _library, ops, reference  # noqa: F401  (_library: loading the compiled ops on import)
 from ._version import __version__
-from .api import assign, assign_pose, assign_seg, backends
+from .api import FallbackWarning, assign, assign_pose, assign_seg, backends
 from .assigner import PoseTaskAlignedAssigner, RotatedTaskAlignedAssigner, SegTaskAlignedAssigner, TaskAlignedAssigner
 
-__all__ = ["__version__", "assign", "assign_pose", "assign_seg", "backends", "ops", "reference",
+__all__ = ["__version__", "FallbackWarning", "assign", "assign_pose", "assign_seg", "backends", "ops", "reference",
            "TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from typing import Sequence
 
@@ -20,6 +21,36 @@ from . import _library, ops, reference
 BACKENDS = ("auto", "kernel", "reference")
 ENV_BACKEND = "LUCID_ASSIGN_BACKEND"
 _warned: set = set()
+
+
+class FallbackWarning(UserWarning):
+    """A call goes to a slower path than the one asked for: ``backend="auto"`` runs the reference (the functional API
+    and the drop-in modules) or the peer's own assigner (the patched peer trainer) because the kernel cannot take its
+    tensors. The message says why and what to do. Filter it as any warning, e.g.
+    ``warnings.simplefilter("ignore", lucid_assign.FallbackWarning)``."""
+
+
+_OWN_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(torch.__file__) + os.sep)
+
+
+def warn_caller(message: str, category: type = FallbackWarning) -> None:
+    """warnings.warn at the first frame outside lucid-assign and torch (the line that called the assigner), so that
+    the warning names the caller's file and line and the warnings filters apply to it."""
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+class Reason(str):
+    """Why the kernel cannot take a call (the string), with ``fix``: what to do about it."""
+
+    fix: str
+
+    def __new__(cls, why: str, fix: str):
+        self = super().__new__(cls, why)
+        self.fix = fix
+        return self
 
 
 def _shape(t: torch.Tensor) -> tuple:
@@ -57,6 +88,11 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
     for name in ("pd_scores", "pd_bboxes", "anc_points", "gt_bboxes"):
         if not tensors[name].is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor, got {tensors[name].dtype}")
+    for name in ("pd_bboxes", "gt_bboxes"):
+        if tensors[name].dtype not in BOX_DTYPES:
+            raise TypeError(f"{name} must be float32 or float64, got {tensors[name].dtype}: half-precision boxes "
+                            f"cannot hold pixel coordinates (11 significant bits) and their overlaps overflow to NaN "
+                            f"(docs/odd-inputs.md). Pass {name}.float(), as the peer trainer's losses do")
     devices = {t.device for t in tensors.values()}
     if len(devices) > 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
@@ -75,6 +111,9 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
         raise TypeError(f"gt_labels must hold class ids (float or integer), got {gt_labels.dtype}")
     if read_values and pd_scores.device.type == "cpu":  # values can be read without a device synchronisation
         _check_label_values(gt_labels, mask_gt, num_classes)
+
+
+BOX_DTYPES = (torch.float32, torch.float64)  # the boxes every backend takes (anchors may be narrower: widened exactly)
 
 
 def check_eps(eps) -> None:
@@ -388,19 +427,23 @@ def _pose_key(anc_strides, pd_kpts, gt_kpts, sigmas) -> tuple:
     return "pose", anc_strides.dtype, pd_kpts.dtype, gt_kpts.dtype, sigmas.dtype, gt_kpts.shape[2]
 
 
-def pose_unsupported(device, box_dtype, pose_key) -> str | None:
+def pose_unsupported(device, box_dtype, pose_key) -> Reason | None:
     """Why the compiled assign_pose cannot take these pose inputs (beyond what kernel_unsupported says of the box
     inputs), or None when it can."""
     _, strides_dtype, pd_kpts_dtype, gt_kpts_dtype, sigmas_dtype, n_kpts = pose_key
     if not _library.has_kernel("assign_pose", device):
-        return f"the compiled library has no assign_pose kernel for {device} tensors"
+        return Reason(f"the compiled library has no assign_pose kernel for {device} tensors", _rebuild_fix(device))
     if n_kpts > MAX_KEYPOINTS:
-        return f"the kernels take at most {MAX_KEYPOINTS} keypoints per object, got {n_kpts}"
+        return Reason(f"the kernels take at most {MAX_KEYPOINTS} keypoints per object, got {n_kpts}",
+                      "none is needed for the results, which are the same; for speed, use at most "
+                      f"{MAX_KEYPOINTS} keypoints, or pass backend='reference' to choose the reference without this "
+                      "warning")
     if gt_kpts_dtype != box_dtype or sigmas_dtype != box_dtype:
-        return (f"the kernel needs gt_kpts and sigmas of the dtype of gt_bboxes ({box_dtype}), got {gt_kpts_dtype} "
-                f"and {sigmas_dtype}")
+        return Reason(f"the kernel needs gt_kpts and sigmas of the dtype of gt_bboxes ({box_dtype}), got "
+                      f"{gt_kpts_dtype} and {sigmas_dtype}", f"pass gt_kpts and sigmas as {box_dtype}")
     if not _widens_exactly(strides_dtype, box_dtype):
-        return f"the kernel needs anc_strides of the dtype of gt_bboxes or a narrower float type, got {strides_dtype}"
+        return Reason(f"the kernel needs anc_strides of the dtype of gt_bboxes or a narrower float type, got "
+                      f"{strides_dtype}", f"pass anc_strides as {box_dtype}")
     return None
 
 
@@ -412,13 +455,14 @@ def _seg_key(pd_coef, mask_scale, proto, gt_masks) -> tuple:
     return "seg", mask_scale.dtype
 
 
-def seg_unsupported(device, box_dtype, seg_key) -> str | None:
+def seg_unsupported(device, box_dtype, seg_key) -> Reason | None:
     """Why the compiled assign_seg cannot take these mask inputs (beyond what kernel_unsupported says of the box
     inputs), or None when it can."""
     if not _library.has_kernel("assign_seg", device):
-        return f"the compiled library has no assign_seg kernel for {device} tensors"
+        return Reason(f"the compiled library has no assign_seg kernel for {device} tensors", _rebuild_fix(device))
     if seg_key[1] not in (torch.float32, torch.float64):
-        return f"the kernel takes a float32 or float64 mask_scale, got {seg_key[1]}"
+        return Reason(f"the kernel takes a float32 or float64 mask_scale, got {seg_key[1]}",
+                      "pass mask_scale as float32 (mask_scale.float())")
     return None
 
 
@@ -517,22 +561,29 @@ def _widens_exactly(narrow: torch.dtype, wide: torch.dtype) -> bool:
     return narrow == wide or torch.promote_types(narrow, wide) == wide
 
 
-def device_unsupported(device: str) -> str | None:
+def device_unsupported(device: str) -> Reason | None:
     """Why the compiled assign cannot run on tensors of this device type at all, or None when it can."""
     if not _library.loaded():
-        return f"the compiled library is not loaded ({_library.LOAD_ERROR})"
+        return Reason(f"the compiled library is not loaded ({_library.LOAD_ERROR})", _library.LOAD_FIX)
     if device not in ("cpu", "cuda") or not _library.has_kernel("assign", device):
-        return f"the compiled library has no assign kernel for {device} tensors"
+        return Reason(f"the compiled library has no assign kernel for {device} tensors", _rebuild_fix(device))
     return None
 
 
-def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str | None:
+def _rebuild_fix(device: str) -> str:
+    if device == "cuda":
+        return ("build lucid-assign with its CUDA kernels (needs nvcc and a CUDA build of torch): FORCE_CUDA=1 pip "
+                "install --force-reinstall --no-deps --no-cache-dir lucid-assign")
+    return f"run the assignment on CPU or CUDA tensors, not {device}"
+
+
+def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> Reason | None:
     """Why the compiled assign cannot take these inputs, or None when it can."""
     return _unsupported_for(pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
                             gt_bboxes.dtype)
 
 
-def _unsupported_for(*key) -> str | None:
+def _unsupported_for(*key) -> Reason | None:
     if key not in _unsupported:  # depends on the device type and dtypes alone: asked once per combination
         _unsupported[key] = _kernel_unsupported(*key)
     return _unsupported[key]
@@ -541,32 +592,30 @@ def _unsupported_for(*key) -> str | None:
 _unsupported: dict = {}
 
 
-def _kernel_unsupported(device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> str | None:
+def _kernel_unsupported(device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> Reason | None:
     why = device_unsupported(device)
     if why:
         return why
     allowed = (torch.float32, torch.float64) if device == "cpu" else (torch.float32,)
     if box_dtype not in allowed:
-        return f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}"
+        return Reason(f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}",
+                      "pass float32 boxes (gt_bboxes and pd_bboxes) and anchors" + (
+                          "; float64 runs on the CPU kernel, or on the reference on CUDA" if device == "cuda" else ""))
     if pd_dtype != box_dtype or not _widens_exactly(anchor_dtype, box_dtype):
-        return (f"the kernel needs pd_bboxes of the dtype of gt_bboxes and anc_points of it or a narrower float "
-                f"type, got {pd_dtype}, {anchor_dtype} and {box_dtype}")
+        return Reason(f"the kernel needs pd_bboxes of the dtype of gt_bboxes and anc_points of it or a narrower float "
+                      f"type, got {pd_dtype}, {anchor_dtype} and {box_dtype}",
+                      f"pass pd_bboxes and anc_points as {box_dtype}, the dtype of gt_bboxes")
     score_ok = (torch.float32, torch.float16, torch.bfloat16) if box_dtype == torch.float32 else (torch.float64,)
     if score_dtype not in score_ok:
-        return f"the kernel takes {'/'.join(str(d) for d in score_ok)} scores with {box_dtype} boxes, got {score_dtype}"
+        return Reason(f"the kernel takes {'/'.join(str(d) for d in score_ok)} scores with {box_dtype} boxes, got "
+                      f"{score_dtype}", f"pass pd_scores as {score_ok[0]} with {box_dtype} boxes")
     return None
 
 
 def kernel_fix(device: str, why: str) -> str:
-    """What to do so that the kernel runs, for a reason given by kernel_unsupported."""
-    if not _library.loaded():
-        return _library.LOAD_FIX
-    if not _library.has_kernel("assign", device):
-        return ("build lucid-assign with its CUDA kernels (needs nvcc and a CUDA build of torch): FORCE_CUDA=1 pip "
-                "install --force-reinstall --no-deps --no-cache-dir lucid-assign" if device == "cuda" else
-                f"run the assignment on CPU or CUDA tensors, not {device}")
-    return ("pass tensors of the dtypes the kernel takes (float32 boxes and anchors with float32/float16/bfloat16 "
-            "scores; on the CPU also float64 boxes and scores)")
+    """What to do so that the kernel runs, for a reason given by kernel_unsupported, pose_unsupported or
+    seg_unsupported."""
+    return getattr(why, "fix", None) or "see docs/odd-inputs.md for what each backend takes"
 
 
 def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str:
@@ -594,8 +643,8 @@ def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype, ext
         raise RuntimeError(f"backend='kernel' cannot run: {why}")
     if why not in _warned:  # say it once per reason: users hate silent slow paths
         _warned.add(why)
-        warnings.warn(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}. Fix: "
-                      f"{kernel_fix(device, why)}", stacklevel=5)  # the caller of assign
+        warn_caller(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}. Fix: "
+                    f"{kernel_fix(device, why)}")
     return "reference"
 
 

@@ -164,3 +164,82 @@ def test_one_signature_serves_every_object_count(library, spies, monkeypatch):
     lucid_assign.assign(*empty, **dict(KW, topk=n_anchors + 1))  # no objects: any topk
     with pytest.raises(ValueError, match="topk"):
         lucid_assign.assign(*args, **dict(KW, topk=n_anchors + 1))
+
+
+def _fallback_warnings(fn):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fn()
+    return [w for w in seen if issubclass(w.category, lucid_assign.FallbackWarning)]
+
+
+def test_the_fallback_warning_is_public_and_points_at_the_caller(library, spies, monkeypatch):
+    """One public class (the patched peer's FallbackWarning too), whose location is the line that called the
+    assigner, the functional form or the module, so that a user can find and filter it."""
+    args = list(make_problem(0, True))
+    args[2] = args[2].double()
+    module = lucid_assign.RotatedTaskAlignedAssigner(topk=10, num_classes=7, stride=list(STRIDES))
+    monkeypatch.setattr(api, "_warned", set())  # what is said once here must still be said to later tests
+    for call in (lambda: lucid_assign.assign(*args, **KW), lambda: module(*args)):
+        api._warned.clear()
+        seen = _fallback_warnings(call)
+        assert len(seen) == 1 and seen[0].filename == __file__, [(w.filename, w.lineno) for w in seen]
+    api._warned.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", lucid_assign.FallbackWarning)
+        lucid_assign.assign(*args, **KW)  # filtered by its class
+    from lucid_assign.integrations import ultralytics as integ
+
+    assert integ.FallbackWarning is lucid_assign.FallbackWarning and issubclass(integ.FallbackWarning, UserWarning)
+
+
+def _pose_inputs(keypoints=17):
+    from lucid_assign.synthetic import pose_batch
+
+    b = pose_batch(batch=1, img_size=128, num_classes=7, objects=(3, 5), keypoints=keypoints, seed=2)
+    return [b[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt",
+                           "anc_strides", "pd_kpts", "gt_kpts", "sigmas")]
+
+
+def _seg_inputs():
+    from lucid_assign.synthetic import seg_batch
+
+    b = seg_batch(batch=1, img_size=128, num_classes=7, objects=(3, 5), mask_dim=4, seed=2)
+    return [b[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt", "pd_coef",
+                           "mask_scale", "proto", "gt_masks")]
+
+
+def _with(inputs, i, fn):
+    inputs = list(inputs)
+    inputs[i] = fn(inputs[i])
+    return inputs
+
+
+FALLBACKS = {  # a call the kernel cannot take -> (the call, what its fix must say)
+    "anchors": (lambda: lucid_assign.assign(*_with(make_problem(0, True), 2, torch.Tensor.double), **KW),
+                "pass pd_bboxes and anc_points as torch.float32"),
+    "scores": (lambda: lucid_assign.assign(*_with(make_problem(0, True), 0, torch.Tensor.double), **KW),
+               "pass pd_scores as torch.float32"),
+    "keypoints": (lambda: lucid_assign.assign_pose(*_pose_inputs(70), num_classes=7, topk=10),
+                  "none is needed for the results"),
+    "sigmas": (lambda: lucid_assign.assign_pose(*_with(_pose_inputs(), 9, torch.Tensor.double), num_classes=7,
+                                                topk=10), "pass gt_kpts and sigmas as torch.float32"),
+    "strides": (lambda: lucid_assign.assign_pose(*_with(_pose_inputs(), 6, torch.Tensor.double), num_classes=7,
+                                                 topk=10), "pass anc_strides as torch.float32"),
+    "mask_scale": (lambda: lucid_assign.assign_seg(*_with(_seg_inputs(), 7, torch.Tensor.half), num_classes=7,
+                                                   topk=10), "pass mask_scale as float32"),
+}
+
+
+@pytest.mark.parametrize("case", FALLBACKS)
+def test_each_fallback_reason_carries_its_own_fix(library, case, monkeypatch):
+    call, fix = FALLBACKS[case]
+    monkeypatch.setattr(api, "_warned", set())
+    seen = _fallback_warnings(call)
+    assert len(seen) == 1
+    message = str(seen[0].message)
+    assert "Fix: " in message and fix in message.split("Fix: ", 1)[1], message
+    others = [f for c, (_, f) in FALLBACKS.items() if c != case]
+    assert not any(other in message for other in others), message
+    assert "pass tensors of the dtypes the kernel takes" not in message

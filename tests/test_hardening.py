@@ -65,6 +65,8 @@ BAD = {
     "stride negative": (lambda x: x, {"stride": [-8, -16]}, "stride"),
     "label too large": (lambda x: _replace(x, 3, x[3].clone().fill_(7.0)), {}, "gt_labels"),
     "label negative": (lambda x: _replace(x, 3, x[3].clone().fill_(-1.0)), {}, "gt_labels"),
+    "half gt boxes": (lambda x: _replace(x, 4, x[4].half()), {}, "gt_bboxes"),
+    "bfloat16 predictions": (lambda x: _replace(x, 1, x[1].bfloat16()), {}, "pd_bboxes"),
 }
 
 
@@ -89,6 +91,52 @@ def test_tensors_on_different_devices(entry):
     inputs = _replace(inputs, 2, inputs[2].to("meta"))
     with pytest.raises(ValueError, match="one device"):
         {"functional": _functional, "module": _module}[entry](inputs)
+
+
+def test_half_precision_boxes_are_refused():
+    """float16 boxes (the peer, given them, returns NaN scores and another foreground): refused on every backend with
+    what to pass instead (docs/odd-inputs.md), not assigned."""
+    inputs = make_problem(4, False, batch=2, n_boxes=8)
+    inputs = _replace(_replace(inputs, 1, inputs[1].half()), 4, inputs[4].half())
+    for backend in api.BACKENDS:
+        with pytest.raises(TypeError, match=r"pd_bboxes must be float32 or float64, got torch.float16: half-precision "
+                                            r"boxes .*Pass pd_bboxes.float\(\)"):
+            api.assign(*inputs, topk=10, num_classes=7, backend=backend)
+
+
+@pytest.mark.parametrize("op", ["assign", "assign_pose", "assign_seg", "points_in_boxes", "pair_overlaps",
+                                "box_metrics", "resolve_conflicts"])
+def test_the_op_itself_refuses_a_meta_tensor_among_cpu_ones(library, op):
+    """The raw op, given one meta tensor and the rest on the CPU, raises the one-device error the kernels raise for
+    CPU and CUDA tensors, instead of returning meta outputs."""
+    from lucid_assign.synthetic import pose_batch, seg_batch
+
+    box = make_problem(5, False, batch=1, n_boxes=4)
+    kw = (10, 10, 7, 1.0, 6.0, 1e-9, 16.0)
+    if op == "assign":
+        args = (*_replace(box, 2, box[2].to("meta")), *kw)
+    elif op == "assign_pose":
+        b = pose_batch(batch=1, img_size=128, num_classes=7, objects=(3, 3), seed=1)
+        names = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt", "anc_strides",
+                 "pd_kpts", "gt_kpts", "sigmas")
+        args = (*(b[k].to("meta") if k == "sigmas" else b[k] for k in names), *kw, 2.0, 12.0)
+    elif op == "assign_seg":
+        b = seg_batch(batch=1, img_size=128, num_classes=7, objects=(3, 3), mask_dim=4, seed=1)
+        names = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt", "pd_coef", "mask_scale",
+                 "proto", "gt_masks")
+        args = (*(b[k].to("meta") if k == "proto" else b[k] for k in names), *kw)
+    elif op == "points_in_boxes":
+        args = (box[2], box[4].to("meta"), box[5], 16.0)
+    elif op == "pair_overlaps":
+        args = (box[4][0], box[1][0, :4].to("meta"))
+    elif op == "box_metrics":
+        cand = torch.ones(1, 4, box[0].shape[1], dtype=torch.bool, device="meta")
+        args = (box[0], box[1], box[3], box[4], cand, 1.0, 6.0)
+    else:
+        mask = torch.ones(1, 4, 9, dtype=torch.bool)
+        args = (mask, torch.rand(1, 4, 9, device="meta"))
+    with pytest.raises(RuntimeError, match="all inputs must be on one device"):
+        getattr(torch.ops.lucid, op)(*args)
 
 
 def test_non_tensor_input():
