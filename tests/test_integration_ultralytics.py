@@ -8,6 +8,7 @@ a relative 1e-6), so training with it is checked call by call against the refere
 1e-6 difference in the scores can grow over training steps into loss differences no tolerance derives from. On CUDA
 the kernel itself is bit-exact (tests/test_cuda.py)."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -259,7 +260,8 @@ def test_a_call_the_kernel_cannot_take_goes_to_the_peer_with_a_warning(integ, pe
 
     kw = dict(topk=10, num_classes=7, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     ours = loss.RotatedTaskAlignedAssigner(**kw)
-    with pytest.warns(integ.FallbackWarning, match=r"cannot run its kernel here \(.*float64.*\).*Fix: .*dtypes"):
+    with pytest.warns(integ.FallbackWarning,
+                      match=r"cannot run its kernel here \(.*float64.*\).*Fix: pass pd_scores as torch.float64"):
         got = ours(*inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per reason
@@ -424,3 +426,65 @@ def test_a_repeated_seg_call_goes_straight_to_the_kernel(integ, library, monkeyp
     with pytest.raises(ValueError, match="eps must be a positive number"):
         ours(*inputs[:6], **masks)
     assert len(asked) == 3
+
+
+def test_leaving_a_patched_block_restores_the_state_before_it(integ):
+    from ultralytics.utils import loss
+
+    integ.patch("kernel")
+    with integ.patched("reference"):
+        assert loss.TaskAlignedAssigner(num_classes=3).backend == "reference"
+        with integ.patched("auto"):
+            assert integ.effective_backend() == "auto"
+        assert integ.effective_backend() == "reference"
+    assert integ.is_patched() and integ.effective_backend() == "kernel"
+    assert loss.TaskAlignedAssigner(num_classes=3).backend == "kernel"
+    integ.unpatch()
+    with integ.patched("kernel"):
+        with integ.patched("reference"):
+            pass
+        assert integ.is_patched() and loss.TaskAlignedAssigner(num_classes=3).backend == "kernel"
+    assert not integ.is_patched() and loss.TaskAlignedAssigner is not integ.LucidTaskAlignedAssigner
+
+
+def _peer_log(integ, monkeypatch):
+    """The lines the peer's logger emits (at its own level), with this process not yet announced."""
+    import logging
+
+    from ultralytics.utils import LOGGER
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    LOGGER.addHandler(handler)
+    monkeypatch.setattr(integ, "_announced", False)
+    return lines, lambda: LOGGER.removeHandler(handler)
+
+
+@pytest.mark.parametrize("obb", [False, "seg"], ids=["detect", "seg"])
+def test_the_patch_says_once_that_it_took_effect(integ, library, monkeypatch, obb):
+    """One line per process through the peer's logger at the first patched call: lucid-assign's version, the backend
+    that ran (LUCID_ASSIGN_BACKEND overriding patch()'s argument) and the device; none when the peer's logger is
+    quieter than INFO."""
+    import lucid_assign
+    from ultralytics.utils import LOGGER
+
+    lines, done = _peer_log(integ, monkeypatch)
+    monkeypatch.setenv("LUCID_ASSIGN_BACKEND", "reference")
+    try:
+        _train(obb, integ.patched("kernel"), steps=2)
+    finally:
+        done()
+    name = "SegTaskAlignedAssigner" if obb == "seg" else "TaskAlignedAssigner"
+    assert [ln for ln in lines if "lucid-assign" in ln] == [
+        f"lucid-assign {lucid_assign.__version__}: ultralytics' assigners are patched; the first call: {name} ran "
+        "lucid-assign's reference on cpu"]
+    lines, done = _peer_log(integ, monkeypatch)
+    level = LOGGER.level
+    LOGGER.setLevel(logging.WARNING)
+    try:
+        _train(obb, integ.patched(), steps=1)
+    finally:
+        LOGGER.setLevel(level)
+        done()
+    assert not [ln for ln in lines if "lucid-assign" in ln]

@@ -110,3 +110,22 @@ def test_a_rank_launched_as_the_peer_launches_it_is_patched(integ, tmp_path, mon
         for call in KERNEL_CALLS:
             assert any(call in ln for ln in lines), err[-3000:]
     assert (tmp_path / "runs" / "rank" / "weights" / "last.pt").exists()
+
+
+def test_a_plain_cli_log_says_that_the_patch_took_effect(library, peer_tal, tmp_path):
+    """Without LUCID_ASSIGN_VERBOSE the peer's own log (its logger) holds one line, once, that names lucid-assign's
+    version and the backend that ran, which LUCID_ASSIGN_BACKEND overrides."""
+    import lucid_assign
+
+    data = write_yolo_dataset(tmp_path / "data", images=2, obb=False)
+    args = [f"data={data}", "model=yolo26n.yaml", f"project={tmp_path / 'runs'}", "name=plain"]
+    args += [f"{k}={v}" for k, v in TRAIN.items()]
+    env = dict(os.environ, LUCID_ASSIGN_BACKEND="reference",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("LUCID_ASSIGN_VERBOSE", None)
+    out = subprocess.run([sys.executable, "-m", "lucid_assign", "yolo", "--backend", "kernel", "detect", "train",
+                          *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [ln for ln in (out.stdout + out.stderr).splitlines() if "lucid-assign" in ln]
+    assert said == [f"lucid-assign {lucid_assign.__version__}: ultralytics' assigners are patched; the first call: "
+                    "TaskAlignedAssigner ran lucid-assign's reference on cpu"], said

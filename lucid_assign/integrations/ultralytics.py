@@ -38,11 +38,10 @@ import inspect
 import os
 import sys
 import types
-import warnings
 
 import torch
 
-from .. import _library, api, reference
+from .. import __version__, _library, api, reference
 from .. import assigner as _ours
 from ..synthetic import check_batch, pose_batch, seg_batch
 
@@ -57,15 +56,14 @@ VERBOSE_ENV = "LUCID_ASSIGN_VERBOSE"
 _originals: dict | None = None  # the peer's objects that patch() replaced, by name
 _backend = "auto"  # the backend of the current patch
 _said: set = set()
+_announced = False  # whether this process said that the patch took effect (at the first patched call)
 
 
 class PeerMismatchError(RuntimeError):
     """The installed peer's assigner gives other results than lucid-assign: patch() refuses."""
 
 
-class FallbackWarning(RuntimeWarning):
-    """A patched assigner cannot run the kernel for the tensors it got and hands the call to the peer's own."""
-
+FallbackWarning = api.FallbackWarning  # a patched assigner hands a call its kernel cannot take to the peer's own
 
 def _verbose(msg: str) -> None:
     if os.environ.get(VERBOSE_ENV, "0") not in ("", "0"):
@@ -157,6 +155,7 @@ class _Patched:
             device = pd_scores.device if isinstance(pd_scores, torch.Tensor) else "?"
             what = f"the peer's own assigner ({ran})" if ran else f"lucid-assign's {self._effective_backend()}"
             _verbose(f"{type(self).__name__}(topk={self.topk}, topk2={self.topk2}) ran {what} on {device}")
+            _announce(f"{self.peer_name} ran {what} on {device}")
 
     def _effective_backend(self) -> str:
         backend = os.environ.get(api.ENV_BACKEND) or self.backend
@@ -253,10 +252,27 @@ _PATCHED = {"TaskAlignedAssigner": LucidTaskAlignedAssigner,
             "SegTaskAlignedAssigner": LucidSegTaskAlignedAssigner}
 
 
+def _announce(first_call: str) -> None:
+    """Say once per process, through the peer's logger (so that its verbosity settings apply), that the patch took
+    effect: lucid-assign's version, and what the first patched call ran where."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    from ultralytics.utils import LOGGER
+
+    LOGGER.info(f"lucid-assign {__version__}: ultralytics' assigners are patched; the first call: {first_call}")
+
+
+def effective_backend() -> str:
+    """The backend the patched assigners run with: LUCID_ASSIGN_BACKEND when set, else patch()'s argument."""
+    return os.environ.get(api.ENV_BACKEND) or _backend
+
+
 def _say_once(msg: str) -> None:
     if msg not in _said:
         _said.add(msg)
-        warnings.warn(msg, FallbackWarning, stacklevel=3)
+        api.warn_caller(msg, FallbackWarning)
 
 
 # --- the self-check against the installed peer ---------------------------------------------------------------------
@@ -429,7 +445,7 @@ def patch(backend: str = "auto") -> None:
     for name in _NAMES:
         setattr(loss, name, _PATCHED[name])
     dist.generate_ddp_file = _rank_patched(_originals["generate_ddp_file"])
-    _verbose(f"patched ultralytics {version} (backend {backend!r})")
+    _verbose(f"patched ultralytics {version} (backend {effective_backend()!r})")
 
 
 def unpatch() -> None:
@@ -446,16 +462,21 @@ def unpatch() -> None:
 
 
 def is_patched() -> bool:
+    """True while patch() is in effect (between patch() and unpatch())."""
     return _originals is not None
 
 
 @contextlib.contextmanager
 def patched(backend: str = "auto"):
-    """``with patched(): ...`` patches for the block and restores the peer afterwards."""
-    was = is_patched()
+    """``with patched(): ...`` patches for the block; leaving it restores exactly the state before it: the peer
+    unpatched, or patched with the backend it had."""
+    global _backend
+    was, before = is_patched(), _backend
     patch(backend)
     try:
         yield
     finally:
-        if not was:
+        if was:
+            _backend = before
+        else:
             unpatch()
