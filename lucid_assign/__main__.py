@@ -17,11 +17,57 @@ import time
 
 import torch
 
-from . import _library, api
+from . import _library, api, viz
 from .bench import PRESETS as BENCH_PRESETS
 from .synthetic import dota_like_batch
 
 INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+
+
+def _device(text: str) -> str:
+    """--device: auto, cpu, cuda or cuda:N, and a GPU there when one is asked for."""
+    kind, _, index = text.partition(":")
+    if text != "auto" and (kind not in ("cpu", "cuda") or (index and (kind == "cpu" or not index.isdigit()))):
+        raise argparse.ArgumentTypeError(f"invalid device {text!r}: choose cpu, cuda, cuda:N or auto")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"{text}: torch sees no CUDA GPU here (torch {torch.__version__}, "
+                                             f"built with CUDA {torch.version.cuda}); use --device cpu")
+        if index and int(index) >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text}: torch sees {torch.cuda.device_count()} GPU(s), cuda:0 to "
+                                             f"cuda:{torch.cuda.device_count() - 1}")
+    return text
+
+
+def _positive(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
+    return value
+
+
+def _count(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
+    return value
+
+
+def version_line() -> str:
+    """lucid-assign's version and what it runs with: torch, the compiled library, the peer trainer."""
+    from .doctor import installed_version, peer_version
+
+    library = "loaded" if _library.loaded() else "not loaded"
+    return (f"lucid-assign {installed_version()} (torch {torch.__version__}, compiled library {library}, "
+            f"ultralytics {peer_version() or 'not installed'})")
 
 
 def _sync(device):
@@ -128,10 +174,7 @@ def bench(args) -> int:
     args.objects = args.objects or [50, 200]
     batch = args.batch or (16 if device == "cuda" else 4)
     reps = args.reps or (20 if device == "cuda" else 5)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = set(backends) - {"reference", "kernel", "peer"}
-    if unknown:
-        raise SystemExit(f"--backends: unknown {sorted(unknown)}; choose from reference, kernel, peer")
+    backends = args.backends
     kind = args.kind
     spec = dict(B.KINDS[kind], num_classes=B.num_classes_of(kind, args.classes))
     env = B.environment()
@@ -162,6 +205,20 @@ def bench(args) -> int:
     return 0
 
 
+def _backends(text: str) -> list:
+    """--backends: a comma-separated list of reference, kernel and peer."""
+    backends = [b.strip() for b in text.split(",") if b.strip()]
+    unknown = sorted(set(backends) - {"reference", "kernel", "peer"})
+    if unknown or not backends:
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown {unknown}; choose from reference, kernel, peer"
+                                         if unknown else "name at least one of reference, kernel, peer")
+    return backends
+
+
+class UsageError(Exception):
+    """A command-line mistake, or what the command needs and lacks: said in one line, exit status 2."""
+
+
 def yolo(args) -> int:
     """Run the peer's own command line with its detection, OBB, pose and segmentation losses using lucid-assign's
     assigners (and every rank of a multi-GPU run it launches)."""
@@ -169,52 +226,59 @@ def yolo(args) -> int:
 
     # the peer reads its arguments from sys.argv (bound at its import): replace them in place, before importing it
     sys.argv[:] = ["yolo", *args.args]
-    integ.patch(args.backend)
+    try:
+        integ.patch(args.backend)
+    except (ImportError, RuntimeError) as exc:  # no peer, a release it cannot patch, or no library for "kernel"
+        raise UsageError(str(exc)) from exc
     from ultralytics.cfg import entrypoint
 
     entrypoint()
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser():
+    """The parser of every command, and the subparsers by command name."""
     parser = argparse.ArgumentParser(prog="lucid-assign", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="show lucid-assign's version, torch's, the compiled library's state and the peer's")
     sub = parser.add_subparsers(dest="command", required=True)
     bp = sub.add_parser("bench", help="time the assigners side by side on a built-in DOTA-like batch")
     bp.add_argument("--kind", choices=("obb", "hbb", "pose", "seg"), default="obb",
                     help="obb: 1024 px, 21,504 anchors, 15 classes; hbb: 640 px, 8,400 anchors, 80 classes; pose: "
                     "hbb with 17 keypoints per object (people), the pose assigner; seg: hbb with masks (32 prototypes "
                     "at 160 x 160), the segmentation assigner")
-    bp.add_argument("--batch", type=int, default=None, help="images per batch (default 16 on a GPU, 4 on the CPU)")
-    bp.add_argument("--objects", type=int, nargs="+", default=None,
+    bp.add_argument("--batch", type=_positive, default=None,
+                    help="images per batch (default 16 on a GPU, 4 on the CPU)")
+    bp.add_argument("--objects", type=_count, nargs="+", default=None,
                     help="objects per image (one run each; default 50 200)")
     bp.add_argument("--preset", choices=sorted(BENCH_PRESETS), default=None,
                     help="a dense scene of many small objects: xview (HBB, batch 128 at 640 px, 60 classes, "
                     "2,500-5,000 objects per image) or dense-obb (OBB, batch 16 at 1024 px, 15 classes, the same "
                     "counts); --batch and --classes still apply")
-    bp.add_argument("--classes", type=int, default=None,
+    bp.add_argument("--classes", type=_positive, default=None,
                     help="number of classes (default 15 for obb, 80 for hbb, pose and seg)")
-    bp.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    bp.add_argument("--backends", default="reference,kernel,peer",
+    bp.add_argument("--device", type=_device, default="auto", help="cpu, cuda, cuda:N or auto (a GPU if torch sees one)")
+    bp.add_argument("--backends", type=_backends, default="reference,kernel,peer",
                     help="comma-separated: reference, kernel, peer (the peer needs ultralytics)")
-    bp.add_argument("--reps", type=int, default=None, help="timed calls per case (default 20 on a GPU, 5 on the CPU)")
+    bp.add_argument("--reps", type=_positive, default=None,
+                    help="timed calls per case, after warm-up calls (default 20 on a GPU, 5 on the CPU)")
     bp.add_argument("--seed", type=int, default=0)
     bp.add_argument("--out", default="lucid-assign-bench.json", help="JSON file for the results and environment")
     bp.add_argument("--plot", default=None, metavar="PNG", help="also plot time and memory against objects")
     bp.add_argument("--no-progress", action="store_true")
     d = sub.add_parser("demo", help="assign a built-in DOTA-like batch and report what happened")
-    d.add_argument("--batch", type=int, default=4)
-    d.add_argument("--img-size", type=int, default=1024)
-    d.add_argument("--classes", type=int, default=15)
-    d.add_argument("--objects", type=int, nargs=2, default=(20, 300), metavar=("LOW", "HIGH"))
-    d.add_argument("--topk", type=int, default=10)
+    d.add_argument("--batch", type=_positive, default=4)
+    d.add_argument("--img-size", type=_positive, default=1024)
+    d.add_argument("--classes", type=_positive, default=15)
+    d.add_argument("--objects", type=_count, nargs=2, default=(20, 300), metavar=("LOW", "HIGH"))
+    d.add_argument("--topk", type=_positive, default=10)
     d.add_argument("--hbb", action="store_true", help="axis-aligned boxes instead of oriented ones")
-    d.add_argument("--device", default="auto", help="cpu, cuda or auto (both when a GPU is present)")
-    d.add_argument("--reps", type=int, default=3)
+    d.add_argument("--device", type=_device, default="auto",
+                   help="cpu, cuda, cuda:N or auto (both when a GPU is present)")
+    d.add_argument("--reps", type=_positive, default=3)
     d.add_argument("--seed", type=int, default=0)
-    from . import viz
-
-    viz.add_parser(sub)
+    vp = viz.add_parser(sub)
     sub.add_parser("doctor", help="versions, build, backend choice, and a self-check of every backend")
     y = sub.add_parser("yolo", help="the peer's `yolo` command line with lucid-assign's assigners (same arguments)",
                        description="Runs `yolo ARGS` of the peer trainer (ultralytics) with its detection, OBB, "
@@ -225,21 +289,27 @@ def main(argv=None) -> int:
                    help="lucid-assign's backend (default auto: the kernel where it can run, else the peer's own "
                    "assigner, with a warning that says why); LUCID_ASSIGN_BACKEND overrides it")
     y.add_argument("args", nargs=argparse.REMAINDER, help="the peer's arguments, exactly as for `yolo`")
+    return parser, {"yolo": y, "viz": vp, "bench": bp, "demo": d}
+
+
+def parse(argv=None):
+    """The command line's arguments, parsed (a mistake exits with status 2)."""
+    return build_parser()[0].parse_args(argv)
+
+
+def main(argv=None) -> int:
+    parser, subparsers = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "yolo":
-        return yolo(args)
-    if args.command == "viz":
-        viz.run(args)
-        return 0
+    commands = {"yolo": yolo, "viz": viz.run, "bench": bench, "demo": demo}
     if args.command == "doctor":
         from . import doctor
 
         return doctor.run(args)
-    if args.command == "bench":
-        return bench(args)
-    if args.command == "demo":
-        return demo(args)
-    return 2
+    try:
+        code = commands[args.command](args)
+    except (UsageError, viz.UsageError) as exc:
+        subparsers[args.command].error(str(exc))  # one line and exit status 2, as argparse does for its own checks
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

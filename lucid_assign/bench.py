@@ -22,6 +22,7 @@ import time
 import torch
 
 from . import api, ops, reference
+from .doctor import installed_version, peer_version
 from .synthetic import dense_batch, dota_like_batch, pose_batch, seg_batch
 
 INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
@@ -227,27 +228,36 @@ def peak_memory(fn, device) -> int | None:
     return peak
 
 
+WARMUP_MAX = 30  # warm-up calls at most, when first calls stay slow
+
+
 def time_calls(fns, device, reps: int, warmup: int = 1) -> list:
-    """Seconds per call; calls cycle through ``fns`` (one per input copy) so caches do not flatter."""
-    for i in range(warmup):
-        fns[i % len(fns)]()
-    sync(device)
-    times = []
+    """Seconds per call; calls cycle through ``fns`` (one per input copy) so caches do not flatter.
+
+    First calls pay what later ones do not (lazy loading of GPU code, the allocator's first blocks, library planning
+    for new shapes): before timing, every copy is called ``warmup`` times, and calls go on (up to WARMUP_MAX) while
+    their times still fall (a call under 0.8 times the one before) or a call takes over 1.25 times the fastest so far,
+    so that even ``reps=1`` times a warm call."""
     use_events = torch.device(device).type == "cuda"
-    for i in range(reps):
-        fn = fns[i % len(fns)]
+
+    def timed(fn) -> float:
         if use_events:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
             end.record()
             end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return times
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    sync(device)
+    warm = [timed(fns[i % len(fns)]) for i in range(max(1, warmup) * len(fns))]
+    while len(warm) < WARMUP_MAX and ((len(warm) > 1 and warm[-1] < 0.8 * warm[-2]) or warm[-1] > 1.25 * min(warm)):
+        warm.append(timed(fns[len(warm) % len(fns)]))
+    sync(device)
+    return [timed(fns[i % len(fns)]) for i in range(reps)]
 
 
 def environment() -> dict:
@@ -259,6 +269,8 @@ def environment() -> dict:
         cpu_threads=torch.get_num_threads(),
         python=sys.version.split()[0],
         date=time.strftime("%Y-%m-%d"),
+        lucid_assign=installed_version(),
+        ultralytics=peer_version(),
     )
     try:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,5 +1,7 @@
-"""``lucid-assign doctor``: what is installed and built, what ``backend="auto"`` will use, and a self-check of every
-available backend against the reference. Exits non-zero when a backend disagrees."""
+"""``lucid-assign doctor``: what is installed and built, what ``backend="auto"`` will use, a self-check of every
+available kernel against the reference, and, where the peer trainer is installed, the check that ``patch()`` runs
+against it. Exits 0 when every check passed, 1 when one failed or when no kernel could be checked at all (the library
+not loaded, say): a doctor that checked nothing says so."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -30,7 +33,7 @@ def _version(cmd, last: bool = False) -> str | None:
     return lines[-1] if last else lines[0]
 
 
-def _installed_version() -> str:
+def installed_version() -> str:
     """The installed distribution's version (with a wheel's +pt..cu.. tag), else the package's own."""
     try:
         return importlib.metadata.version("lucid-assign")
@@ -38,6 +41,14 @@ def _installed_version() -> str:
         from ._version import __version__
 
         return f"{__version__} (not installed as a distribution)"
+
+
+def peer_version() -> str | None:
+    """The installed peer's version, without importing it, or None."""
+    try:
+        return importlib.metadata.version("ultralytics")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def report() -> list:
@@ -48,7 +59,7 @@ def report() -> list:
     nvcc = shutil.which("nvcc") or (os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
                                     if os.environ.get("CUDA_HOME") else None)
     lines.append(f"nvcc: {_version([nvcc, '--version'], last=True) if nvcc else 'not found'}")
-    lines.append(f"lucid-assign {_installed_version()} at {os.path.dirname(os.path.abspath(__file__))}")
+    lines.append(f"lucid-assign {installed_version()} at {os.path.dirname(os.path.abspath(__file__))}")
     if _library.loaded():
         lines.append("compiled library: loaded (lucid_assign._C)")
     else:
@@ -60,6 +71,7 @@ def report() -> list:
                      f"({info.get('why')}), TORCH_CUDA_ARCH_LIST={info.get('arch_list')}")
     else:
         lines.append("build info: none (the library was not built by this package's setup.py)")
+    lines.append(f"ultralytics (the peer trainer): {peer_version() or 'not installed'}")
     b = api.backends()
     lines.append(f"ops with a CPU kernel: {', '.join(b['cpu_ops']) or 'none'}")
     lines.append(f"ops with a CUDA kernel: {', '.join(b['cuda_ops']) or 'none'}")
@@ -117,6 +129,25 @@ def self_check() -> list:
     return results
 
 
+def patch_check() -> tuple:
+    """(status, detail) of the check patch() runs against the installed peer: PASS, FAIL (patch() would refuse), or
+    SKIP when the peer is not installed."""
+    if peer_version() is None:
+        return "SKIP", "ultralytics is not installed (pip install 'lucid-assign[ultralytics]')"
+    from .integrations import ultralytics as integ
+
+    try:
+        version = integ._peer()[0]
+        start = time.perf_counter()
+        diff = integ.self_check()
+    except Exception as exc:  # a release patch() cannot take: its reason is the result
+        return "FAIL", f"patch() cannot patch it: {type(exc).__name__}: {exc}"
+    took = f"{(time.perf_counter() - start) * 1e3:.0f} ms on the CPU"
+    if diff is not None:
+        return "FAIL", f"ultralytics {version} assigns differently ({diff}): patch() refuses it ({took})"
+    return "PASS", f"ultralytics {version} assigns as lucid-assign's reference on the built-in batches ({took})"
+
+
 def run(args) -> int:
     for line in report():
         print(line)
@@ -124,6 +155,16 @@ def run(args) -> int:
     results = self_check()
     for device, kind, status, detail in results:
         print(f"  {status:<4} {device:<4} {kind}: {detail}")
-    failed = [r for r in results if r[2] == "FAIL"]
-    print("\nall checks passed" if not failed else f"\n{len(failed)} check(s) FAILED")
-    return 1 if failed else 0
+    status, detail = patch_check()
+    print(f"\npatch self-check (what patch() checks before it patches the peer):\n  {status:<4} {detail}")
+    failed = [r for r in results if r[2] == "FAIL"] + ([status] if status == "FAIL" else [])
+    if failed:
+        print(f"\n{len(failed)} check(s) FAILED")
+        return 1
+    if not any(r[2] == "PASS" for r in results):
+        why = _library.LOAD_ERROR or "no kernel can run here"
+        print(f"\nno kernel was checked ({why}): nothing here shows that the kernels work. Fix: "
+              f"{_library.LOAD_FIX or 'build lucid-assign with its kernels'}")
+        return 1
+    print("\nall checks passed")
+    return 0

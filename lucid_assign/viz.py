@@ -10,7 +10,9 @@ panel with other settings (for example ``--compare floor=0`` to see the stride f
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 
 import torch
 
@@ -19,6 +21,11 @@ from .synthetic import _predictions, anchor_points, dota_like_batch
 
 KEYS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
 STRIDES = (8, 16, 32)
+SETTINGS = {"topk": int, "topk2": int, "alpha": float, "beta": float, "floor": float}  # what --compare may change
+
+
+class UsageError(ValueError):
+    """A command-line argument of ``lucid-assign viz`` that cannot be used (the command says it in one line)."""
 
 
 def read_labels(path: str, img_size: int):
@@ -96,15 +103,43 @@ def summarise(out, batch, image: int, img_size: int) -> dict:
 
 
 def parse_settings(text: str, base: dict) -> dict:
-    """'topk=13,floor=0' applied over base settings."""
+    """'topk=13,floor=0' applied over base settings; ValueError naming the setting when one cannot be used."""
     out = dict(base)
     for item in filter(None, (p.strip() for p in text.split(","))):
-        key, _, value = item.partition("=")
-        if key not in out:
-            raise ValueError(f"--compare: unknown setting {key!r}; choose from {sorted(out)}")
-        out[key] = None if value in ("", "none", "None") else (float(value) if key in ("alpha", "beta", "floor")
-                                                                  else int(value))
+        key, eq, value = item.partition("=")
+        if key not in SETTINGS:
+            raise ValueError(f"--compare: unknown setting {key!r}; choose from {', '.join(SETTINGS)}")
+        if not eq:
+            raise ValueError(f"--compare: {item!r} needs a value, as in {key}=...")
+        if value in ("", "none", "None"):
+            out[key] = None
+            continue
+        try:
+            out[key] = SETTINGS[key](value)
+        except ValueError:
+            raise ValueError(f"--compare: {key} takes {'a whole number' if SETTINGS[key] is int else 'a number'}, "
+                             f"got {value!r}") from None
+        if not (math.isfinite(out[key]) and out[key] >= (0 if key == "floor" else 1 if key.startswith("topk")
+                                                          else -math.inf)):
+            raise ValueError(f"--compare: {key}={value} is out of range")
     return out
+
+
+def _compare_arg(text: str) -> str:
+    """--compare, checked as it is parsed."""
+    try:
+        parse_settings(text, dict.fromkeys(SETTINGS))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--compare: ")) from None
+    return text
+
+
+def _labels_arg(path: str) -> str:
+    """--labels: a file that can be read."""
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {path!r}: "
+                                         f"{'not a file' if os.path.exists(path) else 'no such file'}")
+    return path
 
 
 def assign_with(batch: dict, settings: dict, num_classes: int):
@@ -167,8 +202,11 @@ def run(args) -> dict:
     except ImportError as exc:
         raise SystemExit(f"lucid-assign viz needs matplotlib (pip install matplotlib): {exc}")
     if args.labels:
-        boxes, labels, obb = read_labels(args.labels, args.img_size)
-        batch = batch_from_labels(boxes, labels, args.img_size, args.classes, obb, args.seed)
+        try:
+            boxes, labels, obb = read_labels(args.labels, args.img_size)
+            batch = batch_from_labels(boxes, labels, args.img_size, args.classes, obb, args.seed)
+        except (ValueError, OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"argument --labels: {exc}") from None
         source, image = args.labels, 0
     else:
         obb = not args.hbb
@@ -200,7 +238,8 @@ def run(args) -> dict:
 
 def add_parser(sub):
     p = sub.add_parser("viz", help="draw the positives of each object of one image (PNG)")
-    p.add_argument("--labels", default=None, help="YOLO label file (cls cx cy w h, or cls x1 y1 ... x4 y4; normalised)")
+    p.add_argument("--labels", type=_labels_arg, default=None,
+                   help="YOLO label file (cls cx cy w h, or cls x1 y1 ... x4 y4; normalised)")
     p.add_argument("--img-size", type=int, default=1024, help="image size in pixels (square)")
     p.add_argument("--hbb", action="store_true", help="synthetic scene with axis-aligned boxes")
     p.add_argument("--objects", type=int, nargs=2, default=(40, 80), metavar=("LOW", "HIGH"))
@@ -211,7 +250,7 @@ def add_parser(sub):
     p.add_argument("--alpha", type=float, default=0.5)
     p.add_argument("--beta", type=float, default=6.0)
     p.add_argument("--floor", type=float, default=None, help="side floor in pixels (default stride[1] = 16; 0 = off)")
-    p.add_argument("--compare", default=None, metavar="KEY=VAL,...",
+    p.add_argument("--compare", type=_compare_arg, default=None, metavar="KEY=VAL,...",
                    help="a second panel with these settings changed, e.g. floor=0 or topk=13,alpha=1")
     p.add_argument("--size", type=int, nargs=2, default=(1600, 860), metavar=("W", "H"), help="PNG size in pixels")
     p.add_argument("--seed", type=int, default=0)

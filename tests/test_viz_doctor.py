@@ -2,6 +2,9 @@
 (passes here, fails when a backend is made to disagree)."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -46,9 +49,9 @@ def test_viz_floor_changes_positives():
     assert without["none"] > with_floor["none"]
 
 
-def test_viz_unknown_setting(tmp_path):
+def test_viz_unknown_setting():
     with pytest.raises(ValueError, match="unknown setting"):
-        cli.main(["viz", "--img-size", "256", "--compare", "speed=9", "--out", str(tmp_path / "x.png")])
+        viz.parse_settings("speed=9", dict(topk=10))
 
 
 def test_viz_label_files(tmp_path):
@@ -83,6 +86,35 @@ def test_doctor_passes(library, capsys):
     assert cli.main(["doctor"]) == 0
     text = capsys.readouterr().out
     assert "PASS cpu" in text and "compiled library: loaded" in text and "backend='auto'" in text
+    assert text.rstrip().endswith("all checks passed")
+
+
+def test_doctor_shows_the_peer_and_its_patch_check(library, peer_tal, capsys):
+    import ultralytics
+
+    assert cli.main(["doctor"]) == 0
+    text = capsys.readouterr().out
+    assert f"ultralytics (the peer trainer): {ultralytics.__version__}" in text
+    assert f"PASS ultralytics {ultralytics.__version__} assigns as lucid-assign's reference" in text
+
+
+def test_doctor_fails_when_the_patch_check_fails(library, peer_tal, monkeypatch, capsys):
+    from lucid_assign.integrations import ultralytics as integ
+
+    monkeypatch.setattr(integ, "self_check", lambda tal=None: "TaskAlignedAssigner(topk=10): fg_mask differs")
+    assert cli.main(["doctor"]) == 1
+    text = capsys.readouterr().out
+    assert "FAIL ultralytics" in text and "patch() refuses it" in text and "1 check(s) FAILED" in text
+
+
+def test_doctor_that_checked_no_kernel_fails():
+    """With the library not loaded (LUCID_ASSIGN_DISABLE_EXT=1) no kernel can be checked: doctor says so, exit 1."""
+    env = dict(os.environ, LUCID_ASSIGN_DISABLE_EXT="1")
+    run = subprocess.run([sys.executable, "-m", "lucid_assign", "doctor"], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "SKIP" in run.stdout and "all checks passed" not in run.stdout
+    assert "no kernel was checked (disabled by LUCID_ASSIGN_DISABLE_EXT=1)" in run.stdout
 
 
 def test_doctor_fails_when_a_backend_disagrees(library, monkeypatch, capsys):
