@@ -11,6 +11,18 @@ import torch
 from . import _library
 
 
+def _region(tensor: torch.Tensor, given: torch.dtype | None) -> torch.dtype | None:
+    """The autocast region to give a fused op: ``given``, else the region the call is made in (None outside one).
+
+    The op's autocast kernel would fill it in too; passing it from here puts it into the graph that torch.compile's
+    Dynamo records (it folds the region to a constant and guards on it), which is what torch's compiled-graph caches
+    key on: a graph compiled in one region is then never reused in another."""
+    if given is not None:
+        return given
+    kind = tensor.device.type
+    return torch.get_autocast_dtype(kind) if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind) else None
+
+
 def _require(op: str) -> None:
     if not _library.loaded():
         raise RuntimeError(f"torch.ops.lucid.{op} needs the compiled library, which is not loaded: {_library.LOAD_ERROR}")
@@ -106,7 +118,8 @@ def assign(
     _require("assign")
     return torch.ops.lucid.assign.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, int(topk), int(topk2 or topk),
-        int(num_classes), float(alpha), float(beta), float(eps), float(stride_val), autocast_dtype=autocast_dtype,
+        int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
+        autocast_dtype=_region(pd_scores, autocast_dtype),
     )
 
 
@@ -135,7 +148,7 @@ def assign_pose(
     return torch.ops.lucid.assign_pose.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts, sigmas,
         int(topk), int(topk2 or topk), int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
-        float(lo), float(hi), autocast_dtype=autocast_dtype,
+        float(lo), float(hi), autocast_dtype=_region(pd_scores, autocast_dtype),
     )
 
 
@@ -164,7 +177,7 @@ def assign_seg(
     return torch.ops.lucid.assign_seg.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
         int(topk), int(topk2 or topk), int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
-        autocast_dtype=autocast_dtype,
+        autocast_dtype=_region(pd_scores, autocast_dtype),
     )
 
 

@@ -104,7 +104,7 @@ def _task(task, device, scores, seed=4):
         cls = RotatedTaskAlignedAssigner if task == "obb" else TaskAlignedAssigner
         return cls(**kw, topk2=4 if task == "obb" else None), inputs, {}
     if task == "pose":
-        b = pose_batch(batch=2, img_size=160, num_classes=5, objects=(6, 14), seed=seed, score_dtype=scores,
+        b = pose_batch(batch=2, img_size=160, num_classes=5, objects=(10, 10), seed=seed, score_dtype=scores,
                        device=device)
         module = lucid_assign.PoseTaskAlignedAssigner(b["sigmas"], **kw)
         if narrow:
@@ -194,11 +194,16 @@ def test_the_region_is_an_argument_of_the_op(library, device, task):
         args += [extra["pd_kpts"], extra["gt_kpts"], module.sigmas]
     elif task == "seg":
         args += [extra[k] for k in SEG]
+    raw = getattr(torch.ops.lucid, op.__name__)
+    positional = [*args, 10, 10, 5, 0.5, 6.0, 1e-9, 16.0] + ([2.0, 12.0] if task == "pose" else [])
     with torch.autocast(device, dtype=dtype):
         inside = op(*args, **kw)
         explicit_inside = op(*args, autocast_dtype=dtype, **kw)
+        raw_inside = raw(*positional)  # the op's own autocast kernel fills the region in
     _assert_same(op(*args, autocast_dtype=dtype, **kw), inside, f"{task} outside with autocast_dtype")
     _assert_same(explicit_inside, inside, f"{task} inside with autocast_dtype")
+    _assert_same(raw_inside, inside, f"{task} raw op inside")
+    _assert_same(raw(*positional, autocast_dtype=dtype), inside, f"{task} raw op outside with autocast_dtype")
 
 
 @pytest.mark.cuda
