@@ -39,26 +39,22 @@ def _device(text: str) -> str:
     return text
 
 
-def _positive(text: str) -> int:
-    """An integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 1")
-    return value
+def _at_least(minimum: int):
+    """An argparse type: a whole number >= minimum."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= {minimum}")
+        return value
+
+    return whole
 
 
-def _count(text: str) -> int:
-    """An integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= 0")
-    return value
+_positive, _count = _at_least(1), _at_least(0)
 
 
 def version_line() -> str:
