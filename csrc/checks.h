@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <limits>
+#include <optional>
 
 #include "geometry.h"
 
@@ -24,6 +26,24 @@ inline void check_one_device(const at::Tensor& first, std::initializer_list<cons
     TORCH_CHECK(t->device() == first.device(), "all inputs must be on one device: got ", first.device(), " and ",
                 t->device());
   }
+}
+
+// The rule sets of the peer's releases (docs/spec.md, "Rule sets"), by the first release of each, for boxes of width
+// D. stride_val is the floor (the trainer's stride[1], or stride[0] when it has one), first_stride the trainer's
+// stride[0], the floor's threshold in rule sets 8.4.0 and 8.4.8.
+inline geom::RuleSet<double> rule_set(c10::string_view rules, int64_t D, double stride_val,
+                                      std::optional<double> first_stride) {
+  constexpr double kNoFloor = -std::numeric_limits<double>::infinity();
+  if (rules == "8.4.144") return {stride_val, stride_val, true, false};
+  if (rules == "8.4.128") return {stride_val, stride_val, true, true};
+  if (rules == "8.0") return {kNoFloor, 0.0, false, true};
+  TORCH_CHECK(rules == "8.4.0" || rules == "8.4.8",
+              "rules must be one of '8.0', '8.4.0', '8.4.8', '8.4.128', '8.4.144', got '", rules, "'");
+  TORCH_CHECK(first_stride.has_value() && std::isfinite(*first_stride) && *first_stride > 0, "rules '", rules,
+              "' needs first_stride (the trainer's stride[0]), a positive number; got ",
+              first_stride.has_value() ? std::to_string(*first_stride) : std::string("None"));
+  if (rules == "8.4.0" && D == 5) return {kNoFloor, 0.0, true, true};  // 8.4.0 floors axis-aligned boxes only
+  return {*first_stride, stride_val, true, true};
 }
 
 // torch.ops.lucid.points_in_boxes (step 1): returns the box width (4 or 5).

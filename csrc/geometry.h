@@ -141,6 +141,21 @@ LUCID_HD T hbb_margin() {
   return T(1e-9);
 }
 
+// What differs between the peer's rule sets (docs/spec.md, "Rule sets"). Step 1: a real object's side below `below` is
+// raised to `to` (below = -inf: no floor), and `round_trip` says whether an axis-aligned box goes through centre and
+// size (with the floor) or is used as given (then without a floor). Step 2: `classic_ciou`, CIoU's trade-off term as
+// releases before 8.4.144 round it (ciou below).
+template <typename T>
+struct RuleSet {
+  T below, to;
+  bool round_trip, classic_ciou;
+};
+
+template <typename T, typename U>
+LUCID_HD RuleSet<T> rule_as(const RuleSet<U>& r) {
+  return {static_cast<T>(r.below), static_cast<T>(r.to), r.round_trip, r.classic_ciou};
+}
+
 // Axis-aligned candidate region: x1 y1 x2 y2 after the centre/size round trip and the small-target side floor.
 template <typename T>
 struct HbbRegion {
@@ -150,14 +165,15 @@ struct HbbRegion {
 // box: x1 y1 x2 y2. valid: the row is a real object (padding rows are not floored). Halving is exact, so x/2 and
 // x*0.5 give the same bits, which is what both reference devices compute.
 template <typename T>
-LUCID_HD HbbRegion<T> hbb_candidate_region(T x1, T y1, T x2, T y2, bool valid, T stride_val) {
+LUCID_HD HbbRegion<T> hbb_candidate_region(T x1, T y1, T x2, T y2, bool valid, const RuleSet<T>& rule) {
+  if (!rule.round_trip) return {x1, y1, x2, y2};
   const T half = T(0.5);
   const T cx = mul(add(x1, x2), half);
   const T cy = mul(add(y1, y2), half);
   T w = sub(x2, x1);
   T h = sub(y2, y1);
-  if (valid && w < stride_val) w = stride_val;
-  if (valid && h < stride_val) h = stride_val;
+  if (valid && w < rule.below) w = rule.to;
+  if (valid && h < rule.below) h = rule.to;
   const T hw = mul(w, half);
   const T hh = mul(h, half);
   return {sub(cx, hw), sub(cy, hh), add(cx, hw), add(cy, hh)};
@@ -178,10 +194,11 @@ struct ObbRegion {
 // box: cx cy w h, with cos and sin of its angle. Corners: p1 = c+u+v, p2 = c+u-v, p4 = c-u+v with
 // u = (w/2 cos, w/2 sin), v = (-h/2 sin, h/2 cos), each sum rounded left to right.
 template <typename T>
-LUCID_HD ObbRegion<T> obb_candidate_region(T cx, T cy, T w, T h, T cos_t, T sin_t, bool valid, T stride_val) {
+LUCID_HD ObbRegion<T> obb_candidate_region(T cx, T cy, T w, T h, T cos_t, T sin_t, bool valid,
+                                           const RuleSet<T>& rule) {
   const T half = T(0.5);
-  if (valid && w < stride_val) w = stride_val;
-  if (valid && h < stride_val) h = stride_val;
+  if (valid && w < rule.below) w = rule.to;
+  if (valid && h < rule.below) h = rule.to;
   const T hw = mul(w, half);
   const T hh = mul(h, half);
   const T ux = mul(hw, cos_t), uy = mul(hw, sin_t);
@@ -222,9 +239,10 @@ LUCID_HD T ciou_aspect(T x1, T y1, T x2, T y2) {
 }
 
 // Complete-IoU of ground truth g and prediction p (x1 y1 x2 y2), not clamped. atan_g and atan_p are the atan of each
-// box's ciou_aspect.
+// box's ciou_aspect. classic: the trade-off term aspect / ((aspect - iou) + (1 + eps)), 1 + eps rounded to T, as the
+// peer's releases before 8.4.144 compute it; else aspect / (((1 - iou) + aspect) + eps).
 template <typename T>
-LUCID_HD T ciou(T gx1, T gy1, T gx2, T gy2, T px1, T py1, T px2, T py2, T atan_g, T atan_p) {
+LUCID_HD T ciou(T gx1, T gy1, T gx2, T gy2, T px1, T py1, T px2, T py2, T atan_g, T atan_p, bool classic = false) {
   const T eps = T(kIouEps);
   const T gw = sub(gx2, gx1), gh = add(sub(gy2, gy1), eps);
   const T pw = sub(px2, px1), ph = add(sub(py2, py1), eps);
@@ -241,7 +259,8 @@ LUCID_HD T ciou(T gx1, T gy1, T gx2, T gy2, T px1, T py1, T px2, T py2, T atan_g
   const T centre2 = mul(add(mul(dx, dx), mul(dy, dy)), T(0.25));  // /4, exact as *0.25
   const T da = sub(atan_p, atan_g);
   const T aspect = mul(mul(da, da), static_cast<T>(4.0 / (3.14159265358979323846 * 3.14159265358979323846)));
-  const T trade_off = div(aspect, add(add(sub(T(1), iou), aspect), eps));
+  const T trade_off = classic ? div(aspect, add(sub(aspect, iou), static_cast<T>(1.0 + kIouEps)))
+                              : div(aspect, add(add(sub(T(1), iou), aspect), eps));
   return sub(iou, add(div(centre2, diag2), mul(aspect, trade_off)));
 }
 

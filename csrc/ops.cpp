@@ -14,7 +14,11 @@ TORCH_LIBRARY(lucid, m) {
   // Step 1 (docs/spec.md): (B, M, A) bool, true where anchor a lies in the candidate region of box m of image b.
   // gt_bboxes (B, M, 4) x1y1x2y2 or (B, M, 5) cx,cy,w,h,angle; anc_points (A, 2); mask_gt (B, M, 1) or (B, M),
   // nonzero for real objects (only those get the stride_val side floor). The mask is not applied to the result.
-  m.def("points_in_boxes(Tensor anc_points, Tensor gt_bboxes, Tensor mask_gt, float stride_val) -> Tensor");
+  // rules, here and in the fused ops: the peer's rule set (docs/spec.md, "Rule sets"; checks.h rule_set), with
+  // first_stride the trainer's stride[0] where the rule set needs it.
+  m.def(
+      "points_in_boxes(Tensor anc_points, Tensor gt_bboxes, Tensor mask_gt, float stride_val, *, "
+      "str rules=\"8.4.144\", float? first_stride=None) -> Tensor");
 
   // Step 2, overlap of paired boxes: gt_bboxes and pd_bboxes (N, 4) -> CIoU, (N, 5) -> probiou; (N,), >= 0.
   m.def("pair_overlaps(Tensor gt_bboxes, Tensor pd_bboxes) -> Tensor");
@@ -35,7 +39,8 @@ TORCH_LIBRARY(lucid, m) {
   m.def(
       "assign(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
       "Tensor mask_gt, int topk, int topk2, int num_classes, float alpha, float beta, float eps, float stride_val, *, "
-      "ScalarType? autocast_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "str rules=\"8.4.144\", float? first_stride=None, ScalarType? autocast_dtype=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // The pose assignment (docs/spec.md, "Pose"): assign for x1y1x2y2 boxes, with step 1 gated by pyramid level
   // (anc_strides (A,), object side between level_lo and level_hi strides) and the keypoint OKS as step 2's overlap
@@ -44,7 +49,8 @@ TORCH_LIBRARY(lucid, m) {
       "assign_pose(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
       "Tensor mask_gt, Tensor anc_strides, Tensor pd_kpts, Tensor gt_kpts, Tensor sigmas, int topk, int topk2, "
       "int num_classes, float alpha, float beta, float eps, float stride_val, float level_lo, float level_hi, *, "
-      "ScalarType? autocast_dtype=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "str rules=\"8.4.144\", float? first_stride=None, ScalarType? autocast_dtype=None) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // The segmentation assignment (docs/spec.md, "Segmentation"): assign for x1y1x2y2 boxes whose step 2 overlap is the
   // mean of the box overlap and the IoU of the object's mask (gt_masks (B, >= M, mh, mw), nonzero inside) with the
@@ -54,7 +60,8 @@ TORCH_LIBRARY(lucid, m) {
   m.def(
       "assign_seg(Tensor pd_scores, Tensor pd_bboxes, Tensor anc_points, Tensor gt_labels, Tensor gt_bboxes, "
       "Tensor mask_gt, Tensor pd_coef, Tensor mask_scale, Tensor proto, Tensor gt_masks, int topk, int topk2, "
-      "int num_classes, float alpha, float beta, float eps, float stride_val, *, ScalarType? autocast_dtype=None) "
+      "int num_classes, float alpha, float beta, float eps, float stride_val, *, str rules=\"8.4.144\", "
+      "float? first_stride=None, ScalarType? autocast_dtype=None) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 

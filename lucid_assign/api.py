@@ -148,6 +148,7 @@ def assign(
     stride: Sequence[float] = (8, 16, 32),
     topk2: int | None = None,
     backend: str = "auto",
+    rules: str = reference.DEFAULT_RULES,
 ):
     """Task-aligned assignment (docs/spec.md): HBB when the boxes' last dim is 4, OBB when it is 5.
 
@@ -159,6 +160,9 @@ def assign(
         gt_bboxes: (B, M, 4|5) ground-truth boxes, same format as ``pd_bboxes``.
         mask_gt: (B, M, 1) nonzero for real objects, 0 for padding rows.
         backend: "auto", "kernel" or "reference" (see the module docstring).
+        rules: the rule set of the peer release to reproduce (docs/spec.md, "Rule sets"): "8.4.144" (the default:
+            ultralytics 8.4.144 and later), "8.4.128", "8.4.8", "8.4.0", or "8.0" (8.0 to 8.3: YOLOv8 and YOLO11; no
+            topk2).
 
     Returns:
         ``(target_labels (B, A) int64, target_bboxes (B, A, 4|5), target_scores (B, A, C), fg_mask (B, A) bool,
@@ -170,6 +174,7 @@ def assign(
     reference path, by an assertion in the graph.
     """
     check_eps(eps)
+    reference.check_rules(rules, topk, topk2)
     if torch.compiler.is_compiling():
         check_inputs(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
@@ -187,10 +192,12 @@ def assign(
         return ops.assign(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk, topk2=topk2,
             num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
+            rules=rules, first_stride=stride[0],
         )
     return reference.assign(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
         topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
+        rules=rules,
     )
 
 
@@ -250,6 +257,7 @@ def assign_pose(
     topk2: int | None = None,
     level_range: Sequence[float] = reference.LEVEL_RANGE,
     backend: str = "auto",
+    rules: str = reference.DEFAULT_RULES,
 ):
     """The pose assignment (docs/spec.md, "Pose"): ``assign`` for x1y1x2y2 boxes, with candidates gated by pyramid
     level and the keypoint OKS as the overlap (the box CIoU for objects without visible keypoints).
@@ -268,6 +276,7 @@ def assign_pose(
     dtype and ``anc_strides`` of it or a narrower float type; other inputs run on the reference with ``"auto"``.
     """
     check_eps(eps)
+    reference.check_rules(rules, topk, topk2)
     pose = (anc_strides, pd_kpts, gt_kpts, sigmas)
     if torch.compiler.is_compiling():
         check_inputs(
@@ -285,11 +294,13 @@ def assign_pose(
         return ops.assign_pose(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *pose, topk=topk, topk2=topk2,
             num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
+            rules=rules, first_stride=stride[0],
             level_range=level_range,
         )
     return reference.assign_pose(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *pose, level_range=level_range,
         topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
+        rules=rules,
     )
 
 
@@ -353,6 +364,7 @@ def assign_seg(
     stride: Sequence[float] = (8, 16, 32),
     topk2: int | None = None,
     backend: str = "auto",
+    rules: str = reference.DEFAULT_RULES,
 ):
     """The segmentation assignment (docs/spec.md, "Segmentation"): ``assign`` for x1y1x2y2 boxes whose overlap is the
     mean of the box overlap and the mask IoU, for each object's ``min(3 * topk, A)`` best pairs by box metric (the
@@ -371,10 +383,11 @@ def assign_seg(
     """
     out = seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
                           gt_masks, topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride,
-                          topk2=topk2, backend=backend)
+                          topk2=topk2, backend=backend, rules=rules)
     if out is not None:
         return out
     check_eps(eps)
+    reference.check_rules(rules, topk, topk2)
     seg = (pd_coef, mask_scale, proto, gt_masks)
     if torch.compiler.is_compiling():
         check_inputs(
@@ -392,15 +405,18 @@ def assign_seg(
         return ops.assign_seg(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *seg, topk=topk, topk2=topk2,
             num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
+            rules=rules, first_stride=stride[0],
         )
     return reference.assign_seg(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *seg,
         topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
+        rules=rules,
     )
 
 
 def seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
-                    gt_masks, *, topk, num_classes, alpha, beta, eps, stride, topk2, backend):
+                    gt_masks, *, topk, num_classes, alpha, beta, eps, stride, topk2, backend,
+                    rules=reference.DEFAULT_RULES):
     """assign_seg's outputs when a call of the same signature (_signature) once passed its checks and chose the
     kernel, which they depend on alone: the kernel's call, with only eps checked again (and the labels on the CPU, as
     _eager_checks does). Else None, and nothing is run: a caller that must know the backend before the call (the
@@ -414,11 +430,13 @@ def seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask
     if stride_val is None:
         return None
     check_eps(eps)
+    reference.check_rules(rules, topk, topk2)
     if pd_scores.is_cpu:
         _check_label_values(gt_labels, mask_gt, num_classes)
     return ops.assign_seg(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
         topk=topk, topk2=topk2, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
+        rules=rules, first_stride=stride[0],
     )
 
 

@@ -13,7 +13,9 @@ class TaskAlignedAssigner(nn.Module):
     """Task-aligned assigner (TOOD) for axis-aligned boxes ``x1 y1 x2 y2``.
 
     Same constructor and ``forward`` as the peer's ``TaskAlignedAssigner`` (plus ``backend``: "auto", "kernel" or
-    "reference", see lucid_assign.api); the outputs follow docs/spec.md. A box last dimension of 5 (``cx cy w h angle``)
+    "reference", see lucid_assign.api, and ``rules``: the rule set of the peer release to reproduce, docs/spec.md
+    "Rule sets"; for 8.0 to 8.3, whose constructor has no ``stride`` or ``topk2``, ``rules="8.0"``, and ``eps`` by
+    keyword); the outputs follow docs/spec.md. A box last dimension of 5 (``cx cy w h angle``)
     is assigned as oriented boxes, as RotatedTaskAlignedAssigner does.
     """
 
@@ -29,11 +31,14 @@ class TaskAlignedAssigner(nn.Module):
         eps: float = 1e-9,
         topk2: int | None = None,
         backend: str = "auto",
+        rules: str = reference.DEFAULT_RULES,
     ):
         super().__init__()
         if backend not in api.BACKENDS:
             raise ValueError(f"backend must be one of {api.BACKENDS}, got {backend!r}")
+        reference.check_rules(rules, topk, topk2)
         self.backend = backend
+        self.rules = rules
         self.topk = topk
         self.topk2 = topk2 or topk
         self.num_classes = num_classes
@@ -53,13 +58,13 @@ class TaskAlignedAssigner(nn.Module):
         return api.assign(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
             topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
-            stride=self.stride, topk2=self.topk2, backend=self.backend,
+            stride=self.stride, topk2=self.topk2, backend=self.backend, rules=self.rules,
         )
 
     def extra_repr(self) -> str:
         return (
             f"topk={self.topk}, topk2={self.topk2}, num_classes={self.num_classes}, alpha={self.alpha}, "
-            f"beta={self.beta}, stride={self.stride}, backend={self.backend!r}"
+            f"beta={self.beta}, stride={self.stride}, backend={self.backend!r}, rules={self.rules!r}"
         )
 
 
@@ -128,5 +133,5 @@ class SegTaskAlignedAssigner(TaskAlignedAssigner):
         return api.assign_seg(
             pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
             topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
-            stride=self.stride, topk2=self.topk2, backend=self.backend,
+            stride=self.stride, topk2=self.topk2, backend=self.backend, rules=self.rules,
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _library
+from . import _library, reference
 
 
 def _region(tensor: torch.Tensor, given: torch.dtype | None) -> torch.dtype | None:
@@ -29,7 +29,8 @@ def _require(op: str) -> None:
 
 
 def points_in_boxes(
-    anc_points: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor, stride_val: float
+    anc_points: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor, stride_val: float, *,
+    rules: str = reference.DEFAULT_RULES, first_stride: float | None = None,
 ) -> torch.Tensor:
     """Containment pass, ``torch.ops.lucid.points_in_boxes`` (step 1 of docs/spec.md).
 
@@ -38,13 +39,16 @@ def points_in_boxes(
         gt_bboxes: (B, M, 4) axis-aligned ``x1 y1 x2 y2`` or (B, M, 5) oriented ``cx cy w h angle``, dtype of anchors.
         mask_gt: (B, M, 1) or (B, M), nonzero for real objects; only those get the side floor.
         stride_val: the small-target side floor; sides of real objects below it are raised to it about the centre.
+        rules: the peer's rule set (docs/spec.md, "Rule sets"); first_stride: the trainer's ``stride[0]``, which rule
+            sets 8.4.0 and 8.4.8 need (the floor's threshold).
 
     Returns:
         (B, M, A) bool: anchor a lies in the candidate region of box m of image b (strict for HBB, closed for OBB).
         The validity mask is not applied to the result.
     """
     _require("points_in_boxes")
-    return torch.ops.lucid.points_in_boxes.default(anc_points, gt_bboxes, mask_gt, float(stride_val))
+    return torch.ops.lucid.points_in_boxes.default(anc_points, gt_bboxes, mask_gt, float(stride_val), rules=rules,
+                                                   first_stride=_opt_float(first_stride))
 
 
 def pair_overlaps(gt_bboxes: torch.Tensor, pd_bboxes: torch.Tensor) -> torch.Tensor:
@@ -96,7 +100,7 @@ def resolve_conflicts(mask_pos: torch.Tensor, overlaps: torch.Tensor) -> torch.T
 def assign(
     pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk: int = 13, topk2: int | None = None,
     num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0, eps: float = 1e-9, stride_val: float = 16.0,
-    autocast_dtype: torch.dtype | None = None,
+    rules: str = reference.DEFAULT_RULES, first_stride: float | None = None, autocast_dtype: torch.dtype | None = None,
 ):
     """The whole assignment, ``torch.ops.lucid.assign`` (steps 1-6), without any (B, M, A) tensor.
 
@@ -106,6 +110,7 @@ def assign(
         anc_points: (A, 2), dtype of the boxes or a narrower float type (widened exactly). gt_labels, mask_gt:
             (B, M, 1).
         topk, topk2: K and K2 (``topk2=None`` means K). stride_val: the side floor (``stride[1]`` of the trainer).
+        rules, first_stride: the peer's rule set and the trainer's ``stride[0]``, as for ``points_in_boxes``.
         autocast_dtype: the autocast region whose results to compute (its dtype; None: outside one). Inside
             ``torch.autocast`` the op fills it from the region itself, so a graph that torch.compile records, or a call
             replayed outside the region, gives the results of the region: on CUDA the power of float16/bfloat16
@@ -119,6 +124,7 @@ def assign(
     return torch.ops.lucid.assign.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, int(topk), int(topk2 or topk),
         int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
+        rules=rules, first_stride=_opt_float(first_stride),
         autocast_dtype=_region(pd_scores, autocast_dtype),
     )
 
@@ -126,7 +132,8 @@ def assign(
 def assign_pose(
     pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts, sigmas, *,
     topk: int = 13, topk2: int | None = None, num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0,
-    eps: float = 1e-9, stride_val: float = 16.0, level_range=(2.0, 12.0), autocast_dtype: torch.dtype | None = None,
+    eps: float = 1e-9, stride_val: float = 16.0, level_range=(2.0, 12.0), rules: str = reference.DEFAULT_RULES,
+    first_stride: float | None = None, autocast_dtype: torch.dtype | None = None,
 ):
     """The pose assignment, ``torch.ops.lucid.assign_pose`` (docs/spec.md, "Pose"): ``assign`` for x1y1x2y2 boxes
     with step 1 gated by pyramid level and the keypoint OKS as the overlap.
@@ -148,14 +155,16 @@ def assign_pose(
     return torch.ops.lucid.assign_pose.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts, sigmas,
         int(topk), int(topk2 or topk), int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
-        float(lo), float(hi), autocast_dtype=_region(pd_scores, autocast_dtype),
+        float(lo), float(hi), rules=rules, first_stride=_opt_float(first_stride),
+        autocast_dtype=_region(pd_scores, autocast_dtype),
     )
 
 
 def assign_seg(
     pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks, *,
     topk: int = 13, topk2: int | None = None, num_classes: int = 80, alpha: float = 1.0, beta: float = 6.0,
-    eps: float = 1e-9, stride_val: float = 16.0, autocast_dtype: torch.dtype | None = None,
+    eps: float = 1e-9, stride_val: float = 16.0, rules: str = reference.DEFAULT_RULES,
+    first_stride: float | None = None, autocast_dtype: torch.dtype | None = None,
 ):
     """The segmentation assignment, ``torch.ops.lucid.assign_seg`` (docs/spec.md, "Segmentation"): ``assign`` for
     x1y1x2y2 boxes whose overlap is the mean of the box overlap and the mask IoU of each object's min(3 * topk, A) best
@@ -177,8 +186,13 @@ def assign_seg(
     return torch.ops.lucid.assign_seg.default(
         pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
         int(topk), int(topk2 or topk), int(num_classes), float(alpha), float(beta), float(eps), float(stride_val),
+        rules=rules, first_stride=_opt_float(first_stride),
         autocast_dtype=_region(pd_scores, autocast_dtype),
     )
+
+
+def _opt_float(x) -> float | None:
+    return None if x is None else float(x)
 
 
 def _one_device(*tensors) -> None:
@@ -192,7 +206,8 @@ def _one_device(*tensors) -> None:
 if _library.loaded():
 
     @torch.library.register_fake("lucid::points_in_boxes")
-    def _points_in_boxes_fake(anc_points, gt_bboxes, mask_gt, stride_val):
+    def _points_in_boxes_fake(anc_points, gt_bboxes, mask_gt, stride_val, rules=reference.DEFAULT_RULES,
+                              first_stride=None):
         _one_device(anc_points, gt_bboxes, mask_gt)
         torch._check(anc_points.dim() == 2, lambda: f"anc_points must be (A, 2), got {tuple(anc_points.shape)}")
         torch._check(gt_bboxes.dim() == 3, lambda: f"gt_bboxes must be (B, M, 4|5), got {tuple(gt_bboxes.shape)}")
@@ -218,21 +233,23 @@ if _library.loaded():
     @torch.library.register_fake("lucid::assign_pose")
     def _assign_pose_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts,
                           gt_kpts, sigmas, topk, topk2, num_classes, alpha, beta, eps, stride_val, level_lo, level_hi,
-                          autocast_dtype=None):
+                          rules=reference.DEFAULT_RULES, first_stride=None, autocast_dtype=None):
         _one_device(pd_scores, anc_strides, pd_kpts, gt_kpts, sigmas)
         return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                             alpha, beta, eps, stride_val)
 
     @torch.library.register_fake("lucid::assign_seg")
     def _assign_seg_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
-                         gt_masks, topk, topk2, num_classes, alpha, beta, eps, stride_val, autocast_dtype=None):
+                         gt_masks, topk, topk2, num_classes, alpha, beta, eps, stride_val,
+                         rules=reference.DEFAULT_RULES, first_stride=None, autocast_dtype=None):
         _one_device(pd_scores, pd_coef, mask_scale, proto, gt_masks)
         return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                             alpha, beta, eps, stride_val)
 
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
-                     alpha, beta, eps, stride_val, autocast_dtype=None):
+                     alpha, beta, eps, stride_val, rules=reference.DEFAULT_RULES, first_stride=None,
+                     autocast_dtype=None):
         _one_device(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
         torch._check(pd_scores.dim() == 3, lambda: f"pd_scores must be (B, A, C), got {tuple(pd_scores.shape)}")
         bs, n_anchors, n_cls = pd_scores.shape

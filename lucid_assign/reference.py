@@ -38,27 +38,69 @@ def stride_value(stride: Sequence[float]) -> float:
     return stride[1] if len(stride) > 1 else stride[0]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Step 1: containment (candidate regions)
-# ---------------------------------------------------------------------------------------------------------------
-def _floor_sides(side: torch.Tensor, valid: torch.Tensor, stride_val: float) -> torch.Tensor:
-    floor = torch.tensor(stride_val, dtype=side.dtype, device=side.device)
-    return torch.where((side < stride_val) & valid, floor, side)
+# The peer's rule sets (docs/spec.md, "Rule sets"), each named after the first release that follows it:
+#   8.0      8.0.0 to 8.3.x (YOLOv8, YOLO11): boxes tested as given (no side floor), no second top-k, classic CIoU;
+#   8.4.0    axis-aligned sides below stride[0] raised to stride[1] (oriented boxes: no floor), classic CIoU;
+#   8.4.8    sides of both kinds below stride[0] raised to stride_val, classic CIoU;
+#   8.4.128  sides below stride_val raised to it, classic CIoU;
+#   8.4.144  the same with CIoU's trade-off term rounded as today (ciou).
+RULE_SETS = ("8.0", "8.4.0", "8.4.8", "8.4.128", "8.4.144")
+DEFAULT_RULES = "8.4.144"
+
+
+def check_rules(rules: str, topk: int, topk2: int | None) -> None:
+    """ValueError naming the argument for an unknown rule set, or a second top-k under rules that have none."""
+    if rules not in RULE_SETS:
+        raise ValueError(f"rules must be one of {RULE_SETS}, got {rules!r}")
+    if rules == "8.0" and topk2 not in (None, topk):
+        raise ValueError(f"rules '8.0' have no second top-k: topk2 must be None or topk ({topk}), got {topk2}")
+
+
+def region_rule(rules: str, box_dim: int, stride_val: float, first_stride: float | None):
+    """Step 1's rule of a rule set for boxes of width ``box_dim``: ``(below, to, round_trip)``, a real object's side
+    below ``below`` raised to ``to`` (-inf: no floor); ``round_trip``: an axis-aligned box goes through centre and
+    size, else it is tested as given. ``first_stride`` is the trainer's ``stride[0]`` (rule sets 8.4.0 and 8.4.8)."""
+    if rules in ("8.4.128", "8.4.144"):
+        return stride_val, stride_val, True
+    if rules == "8.0":
+        return -math.inf, 0.0, False
+    if rules not in RULE_SETS:
+        raise ValueError(f"rules must be one of {RULE_SETS}, got {rules!r}")
+    if first_stride is None or not first_stride > 0:
+        raise ValueError(f"rules {rules!r} need first_stride (the trainer's stride[0]), got {first_stride}")
+    if rules == "8.4.0" and box_dim == 5:
+        return -math.inf, 0.0, True
+    return first_stride, stride_val, True
+
+
+def classic_ciou(rules: str) -> bool:
+    """Whether step 2's CIoU rounds its trade-off term as the releases before 8.4.144 do (ciou)."""
+    return rules != "8.4.144"
+
+
+def _floor_sides(side: torch.Tensor, valid: torch.Tensor, below: float, to: float) -> torch.Tensor:
+    floor = torch.tensor(to, dtype=side.dtype, device=side.device)
+    return torch.where((side < below) & valid, floor, side)
 
 
 def points_in_boxes(
-    anc_points: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor, stride_val: float
+    anc_points: torch.Tensor, gt_bboxes: torch.Tensor, mask_gt: torch.Tensor, stride_val: float,
+    rules: str = DEFAULT_RULES, first_stride: float | None = None,
 ) -> torch.Tensor:
-    """(B, M, A) bool: anchor inside the candidate region of each box (step 1). The mask is not applied."""
+    """(B, M, A) bool: anchor inside the candidate region of each box (step 1) under the rule set ``rules``. The mask
+    is not applied."""
     valid = mask_gt.reshape(gt_bboxes.shape[:2]).bool()
     px, py = anc_points[:, 0], anc_points[:, 1]
+    below, to, round_trip = region_rule(rules, gt_bboxes.shape[-1], stride_val, first_stride)
     if gt_bboxes.shape[-1] == 4:
         x1, y1, x2, y2 = gt_bboxes.unbind(-1)
-        cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
-        w = _floor_sides(x2 - x1, valid, stride_val)
-        h = _floor_sides(y2 - y1, valid, stride_val)
-        hw, hh = w / 2, h / 2
-        left, top, right, bottom = (t[..., None] for t in (cx - hw, cy - hh, cx + hw, cy + hh))
+        if round_trip:
+            cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+            w = _floor_sides(x2 - x1, valid, below, to)
+            h = _floor_sides(y2 - y1, valid, below, to)
+            hw, hh = w / 2, h / 2
+            x1, y1, x2, y2 = cx - hw, cy - hh, cx + hw, cy + hh
+        left, top, right, bottom = (t[..., None] for t in (x1, y1, x2, y2))
         inside = (px - left) > HBB_MARGIN
         inside &= (py - top) > HBB_MARGIN
         inside &= (right - px) > HBB_MARGIN
@@ -67,8 +109,8 @@ def points_in_boxes(
 
     boxes = gt_bboxes.clone()  # a private copy: the angle column is read through a strided view of it
     cx, cy, w, h, theta = boxes.unbind(-1)
-    w = _floor_sides(w, valid, stride_val)
-    h = _floor_sides(h, valid, stride_val)
+    w = _floor_sides(w, valid, below, to)
+    h = _floor_sides(h, valid, below, to)
     cos, sin = theta.cos(), theta.sin()
     ux, uy = w / 2 * cos, w / 2 * sin
     vx, vy = -h / 2 * sin, h / 2 * cos
@@ -89,8 +131,9 @@ def points_in_boxes(
 # ---------------------------------------------------------------------------------------------------------------
 # Step 2: overlap and metric
 # ---------------------------------------------------------------------------------------------------------------
-def ciou(gt: torch.Tensor, pd: torch.Tensor, eps: float = IOU_EPS) -> torch.Tensor:
-    """Complete-IoU of paired axis-aligned boxes (N, 4) x1y1x2y2 -> (N,), not clamped."""
+def ciou(gt: torch.Tensor, pd: torch.Tensor, eps: float = IOU_EPS, classic: bool = False) -> torch.Tensor:
+    """Complete-IoU of paired axis-aligned boxes (N, 4) x1y1x2y2 -> (N,), not clamped. ``classic``: the trade-off term
+    ``aspect / (aspect - iou + (1 + eps))`` of the releases before 8.4.144 (another rounding of the same value)."""
     g_x1, g_y1, g_x2, g_y2 = gt.unbind(-1)
     p_x1, p_y1, p_x2, p_y2 = pd.unbind(-1)
     g_w, g_h = g_x2 - g_x1, g_y2 - g_y1 + eps
@@ -105,7 +148,7 @@ def ciou(gt: torch.Tensor, pd: torch.Tensor, eps: float = IOU_EPS) -> torch.Tens
     diag2 = enclose_w.pow(2) + enclose_h.pow(2) + eps
     centre2 = ((p_x1 + p_x2 - g_x1 - g_x2).pow(2) + (p_y1 + p_y2 - g_y1 - g_y2).pow(2)) / 4
     aspect = (4 / math.pi**2) * ((p_w / p_h).atan() - (g_w / g_h).atan()).pow(2)
-    trade_off = aspect / (1 - iou + aspect + eps)
+    trade_off = aspect / (aspect - iou + (1 + eps)) if classic else aspect / (1 - iou + aspect + eps)
     return iou - (centre2 / diag2 + aspect * trade_off)
 
 
@@ -137,9 +180,9 @@ def probiou(gt: torch.Tensor, pd: torch.Tensor, eps: float = IOU_EPS) -> torch.T
     return 1 - hellinger
 
 
-def pair_overlaps(gt: torch.Tensor, pd: torch.Tensor) -> torch.Tensor:
+def pair_overlaps(gt: torch.Tensor, pd: torch.Tensor, rules: str = DEFAULT_RULES) -> torch.Tensor:
     """Overlap of paired boxes, clamped below at 0: CIoU for (N, 4), probiou for (N, 5)."""
-    overlap = ciou(gt, pd) if gt.shape[-1] == 4 else probiou(gt, pd)
+    overlap = ciou(gt, pd, classic=classic_ciou(rules)) if gt.shape[-1] == 4 else probiou(gt, pd)
     return overlap.clamp(min=0)
 
 
@@ -282,8 +325,14 @@ def box_metrics(
     pose: PoseInputs | None = None,
     eps: float = 1e-9,
     seg: SegInputs | None = None,
+    dense_metrics: bool = False,
+    rules: str = DEFAULT_RULES,
 ):
     """Dense (B, M, A) ``align = s^alpha * o^beta`` and overlap ``o`` at candidate pairs, 0 elsewhere (step 2).
+
+    ``dense_metrics``: take the power and product over the (B, M, A) tensors, as the peer's releases before 8.4.142
+    do, instead of over the candidate pairs: the same values on CUDA; on the CPU a pair's ``pow`` can round differently
+    by where it falls in a vector, and patch()'s self-check compares with those releases bit for bit this way.
 
     ``candidates`` is the (B, M, A) mask of pairs to evaluate (inside the region and a real object). With ``pose`` the
     overlap is the keypoint OKS (``eps`` is the assigner's, inside the OKS scale); with ``seg`` the mean of the box
@@ -292,15 +341,19 @@ def box_metrics(
     shape = candidates.shape
     b, m, a = candidates.nonzero(as_tuple=True)
     score = pd_scores[b, a, gt_labels[b, m, 0].long()]
-    overlap = pair_overlaps(gt_bboxes[b, m], pd_bboxes[b, a])
+    overlap = pair_overlaps(gt_bboxes[b, m], pd_bboxes[b, a], rules)
     if pose is not None:
         overlap = pose.overlaps(b, m, a, gt_bboxes, overlap, eps)
     if seg is not None:
         overlap = seg.overlaps(b, m, a, score, overlap, pd_bboxes, shape, alpha, beta, eps)
-    align = score.pow(alpha) * overlap.pow(beta)
     overlaps = torch.zeros(shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
-    align_metric = torch.zeros(shape, dtype=align.dtype, device=pd_scores.device)
     overlaps[b, m, a] = overlap
+    if dense_metrics:
+        scores = torch.zeros(shape, dtype=pd_scores.dtype, device=pd_scores.device)
+        scores[b, m, a] = score
+        return scores.pow(alpha) * overlaps.pow(beta), overlaps
+    align = score.pow(alpha) * overlap.pow(beta)
+    align_metric = torch.zeros(shape, dtype=align.dtype, device=pd_scores.device)
     align_metric[b, m, a] = align
     return align_metric, overlaps
 
@@ -401,13 +454,17 @@ def assign(
     topk2: int | None = None,
     pose: PoseInputs | None = None,
     seg: SegInputs | None = None,
+    rules: str = DEFAULT_RULES,
+    dense_metrics: bool = False,
 ):
     """Task-aligned assignment, HBB (last dim 4) or OBB (last dim 5), exactly as docs/spec.md describes; with
     ``pose`` (HBB only) the pose assignment: the level gate in step 1 and the keypoint OKS as the overlap; with ``seg``
-    (HBB only) the segmentation assignment: the mean of box overlap and mask IoU as the overlap.
+    (HBB only) the segmentation assignment: the mean of box overlap and mask IoU as the overlap. ``rules``: the peer's
+    rule set (RULE_SETS); ``dense_metrics``: see box_metrics.
 
     Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``. Inputs are not modified.
     """
+    check_rules(rules, topk, topk2)
     topk2 = topk2 or topk
     n_boxes = gt_bboxes.shape[1]
     if n_boxes == 0:
@@ -416,11 +473,12 @@ def assign(
     check_labels(gt_labels, valid, num_classes)
 
     # Steps 1-3: candidates, metrics, top-k.
-    inside = points_in_boxes(anc_points, gt_bboxes, mask_gt, stride_value(stride))
+    stride = list(stride)
+    inside = points_in_boxes(anc_points, gt_bboxes, mask_gt, stride_value(stride), rules, stride[0])
     if pose is not None:
         inside = level_gate(inside, gt_bboxes, pose.anc_strides, pose.level_range)
     align_metric, overlaps = box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside & valid, alpha, beta,
-                                         pose, eps, seg)
+                                         pose, eps, seg, dense_metrics, rules)
     mask_pos = topk_mask(align_metric, topk) & inside & valid
 
     # Steps 4-5: conflicts, then the second top-k over what each row owns.

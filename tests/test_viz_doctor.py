@@ -95,13 +95,13 @@ def test_doctor_shows_the_peer_and_its_patch_check(library, peer_tal, capsys):
     assert cli.main(["doctor"]) == 0
     text = capsys.readouterr().out
     assert f"ultralytics (the peer trainer): {ultralytics.__version__}" in text
-    assert f"PASS ultralytics {ultralytics.__version__} assigns as lucid-assign's reference" in text
+    assert f"PASS ultralytics {ultralytics.__version__}: TaskAlignedAssigner: rule set 8.4.144;" in text
 
 
 def test_doctor_fails_when_the_patch_check_fails(library, peer_tal, monkeypatch, capsys):
     from lucid_assign.integrations import ultralytics as integ
 
-    monkeypatch.setattr(integ, "self_check", lambda tal=None: "TaskAlignedAssigner(topk=10): fg_mask differs")
+    monkeypatch.setattr(integ, "check_peer", lambda tal=None: {"TaskAlignedAssigner": (None, "fg_mask differs")})
     assert cli.main(["doctor"]) == 1
     text = capsys.readouterr().out
     assert "FAIL ultralytics" in text and "patch() refuses it" in text and "1 check(s) FAILED" in text

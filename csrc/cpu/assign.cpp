@@ -31,8 +31,8 @@ using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::
 
 Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
              const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
-             int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
-             const PoseArgs* pose_args, const SegArgs* seg_args) {
+             int64_t topk2, int64_t num_classes, double alpha, double beta, double eps,
+             const geom::RuleSet<double>& rule, const PoseArgs* pose_args, const SegArgs* seg_args) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const auto box_t = gt_bboxes.scalar_type();
   const auto out = AssignOutputs::make(d, pd_scores.options(), box_t, num_classes, /*zero_scores=*/true);
@@ -65,7 +65,8 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
                       topk2,
                       BoxPrep<T>::make(gt),
                       BoxPrep<T>::make(pd),
-                      Regions<T>::make(gt, valid.data_ptr<bool>(), static_cast<T>(stride_val))};
+                      Regions<T>::make(gt, valid.data_ptr<bool>(), geom::rule_as<T>(rule))};
+      P.classic_ciou = rule.classic_ciou;
       if (pose_args != nullptr) {
         // step 1's gate applies to a row when an anchor inside its region passes it
         pose.find_gated(B * M, A, P.valid, [&](int64_t row, int64_t a) {
@@ -100,11 +101,12 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
 Outputs5 assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                     const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
                     int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
+                    c10::string_view rules, std::optional<double> first_stride,
                     AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, nullptr, nullptr);
+             eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, nullptr);
 }
 
 Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
@@ -112,27 +114,29 @@ Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
                          const at::Tensor& anc_strides, const at::Tensor& pd_kpts, const at::Tensor& gt_kpts,
                          const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
                          double beta, double eps, double stride_val, double level_lo, double level_hi,
-                         AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
+                         c10::string_view rules, std::optional<double> first_stride,
+                    AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   const int64_t K =
       check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
   const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, &pose, nullptr);
+             eps, rule_set(rules, d.D, stride_val, first_stride), &pose, nullptr);
 }
 
 Outputs5 assign_seg_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
                         const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
                         const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                        double beta, double eps, double stride_val, AutocastDtype autocast_dtype) {
+                        double beta, double eps, double stride_val, c10::string_view rules,
+                        std::optional<double> first_stride, AutocastDtype autocast_dtype) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
   const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A), autocast_dtype};
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, nullptr, &seg);
+             eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, &seg);
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 namespace lucid {
 namespace cpu {
 
-// Candidate regions of every (b, m) row, with the side floor applied to real objects.
+// Candidate regions of every (b, m) row, with the side floor of the rule set applied to real objects.
 template <typename T>
 struct Regions {
   std::vector<geom::HbbRegion<T>> hbb;
@@ -19,7 +19,7 @@ struct Regions {
   int64_t box_dim = 4;
 
   // boxes: contiguous (B*M, D); valid: (B*M) bool
-  static Regions make(const at::Tensor& boxes, const bool* valid, T stride_val) {
+  static Regions make(const at::Tensor& boxes, const bool* valid, const geom::RuleSet<T>& rule) {
     Regions r;
     r.box_dim = boxes.size(-1);
     const auto flat = boxes.reshape({-1, r.box_dim}).contiguous();
@@ -29,7 +29,7 @@ struct Regions {
       r.hbb.resize(n);
       for (int64_t i = 0; i < n; ++i) {
         const T* x = b + 4 * i;
-        r.hbb[i] = geom::hbb_candidate_region<T>(x[0], x[1], x[2], x[3], valid[i], stride_val);
+        r.hbb[i] = geom::hbb_candidate_region<T>(x[0], x[1], x[2], x[3], valid[i], rule);
       }
     } else {
       const auto theta = flat.select(1, 4);
@@ -39,7 +39,7 @@ struct Regions {
       r.obb.resize(n);
       for (int64_t i = 0; i < n; ++i) {
         const T* x = b + 5 * i;
-        r.obb[i] = geom::obb_candidate_region<T>(x[0], x[1], x[2], x[3], c[i], s[i], valid[i], stride_val);
+        r.obb[i] = geom::obb_candidate_region<T>(x[0], x[1], x[2], x[3], c[i], s[i], valid[i], rule);
       }
     }
     return r;

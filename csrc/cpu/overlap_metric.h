@@ -70,9 +70,10 @@ template <typename T>
 class OverlapBatch {
  public:
   // gt: (rows, D) with prepared values gp; pd: (boxes, D) with pp.
+  // classic_ciou: CIoU as the peer's releases before 8.4.144 round it (geometry.h ciou).
   OverlapBatch(const T* gt, const BoxPrep<T>& gp, const T* pd, const BoxPrep<T>& pp, int64_t box_dim,
-               const PoseRows<T>* pose = nullptr, const SegRows<T>* seg = nullptr)
-      : gt_(gt), gp_(gp), pd_(pd), pp_(pp), d_(box_dim), pose_(pose), seg_(seg) {}
+               const PoseRows<T>* pose = nullptr, const SegRows<T>* seg = nullptr, bool classic_ciou = false)
+      : gt_(gt), gp_(gp), pd_(pd), pp_(pp), d_(box_dim), pose_(pose), seg_(seg), classic_ciou_(classic_ciou) {}
 
   // out[k] = overlap(gt row gi[k], prediction pi[k]) for k < n.
   void run(const int64_t* gi, const int64_t* pi, int64_t n, T* out) {
@@ -86,7 +87,9 @@ class OverlapBatch {
         const T* g = gt_ + gi[k] * 4;
         const T* p = pd_ + pi[k] * 4;
         out[k] = geom::clamp_min(
-            geom::ciou<T>(g[0], g[1], g[2], g[3], p[0], p[1], p[2], p[3], gp_.data[gi[k]], pp_.data[pi[k]]), T(0));
+            geom::ciou<T>(g[0], g[1], g[2], g[3], p[0], p[1], p[2], p[3], gp_.data[gi[k]], pp_.data[pi[k]],
+                          classic_ciou_),
+            T(0));
         if (seg_ != nullptr) {
           const int64_t a = pi[k] - (gi[k] / seg_->M) * seg_->A;
           out[k] = geom::div(geom::add(out[k], seg_->mask_iou(gi[k], a)), T(2));
@@ -131,6 +134,7 @@ class OverlapBatch {
   int64_t d_;
   const PoseRows<T>* pose_;
   const SegRows<T>* seg_;
+  bool classic_ciou_;
   std::vector<T> t12_, det_, arg_, val_;
 };
 

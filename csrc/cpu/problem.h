@@ -25,6 +25,7 @@ struct Problem : AssignInputs<S, T> {
   Regions<T> regions;       // candidate regions (step 1)
   const PoseRows<T>* pose = nullptr;  // the pose assignment: the level gate and the keypoint OKS
   const SegRows<T>* seg = nullptr;    // the segmentation assignment: the chosen pairs' mask IoUs
+  bool classic_ciou = false;          // CIoU of releases before 8.4.144 (geometry.h RuleSet)
 
   // Step 1: anchor a lies in the candidate region of `row` (and, for pose, passes the row's level gate).
   bool inside(int64_t row, int64_t a) const {
@@ -39,9 +40,13 @@ struct Problem : AssignInputs<S, T> {
                                      this->beta);
   }
 
-  OverlapBatch<T> overlap_batch() const { return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D, pose, seg); }
+  OverlapBatch<T> overlap_batch() const {
+    return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D, pose, seg, classic_ciou);
+  }
   // the box overlaps alone (segmentation: the pairs' choice)
-  OverlapBatch<T> box_overlap_batch() const { return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D); }
+  OverlapBatch<T> box_overlap_batch() const {
+    return OverlapBatch<T>(this->gt, gvals, this->pd, pvals, D, nullptr, nullptr, classic_ciou);
+  }
 };
 
 // What the passes hand on, O(B*M*K + B*A + B*M) in all.

@@ -186,8 +186,9 @@ void mask_ious(const SegArgs& seg, const Problem<S, T>& P, const SegChoices& cho
 
 Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
              const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
-             int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
-             const PoseArgs* pose_args, const SegArgs* seg_args, const AutocastDtype& autocast_dtype) {
+             int64_t topk2, int64_t num_classes, double alpha, double beta, double eps,
+             const geom::RuleSet<double>& rule, const PoseArgs* pose_args, const SegArgs* seg_args,
+             const AutocastDtype& autocast_dtype) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const c10::cuda::CUDAGuard guard(pd_scores.device());
   // the ATen calls below make working tensors (and the outputs, which never require grad): no autograd or view
@@ -269,7 +270,7 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
     // the counters, the anchor index (block 0) and the per-box values
     PrepArgs<T> prep{rows_in(gt_bboxes.const_data_ptr<T>(), gt_bboxes), w.gt, rows, pd.data_ptr<T>(),
                            AnchorsIn{anc.const_data_ptr(), anc.scalar_type()},
-                           B * M, B * A, A, static_cast<int>(D), static_cast<T>(stride_val), regions, w.gvals,
+                           B * M, B * A, A, static_cast<int>(D), geom::rule_as<T>(rule), regions, w.gvals,
                            w.pvals, reinterpret_cast<uint4*>(workspace.data_ptr()), w.zero_words, w.anc,
                            w.cell_of_anchor, w.axes, w.cell_offsets, w.cell_sorted, 0, pose,
                            pose_on ? strides.const_data_ptr() : nullptr, w.anc_stride, w.stride_extremes,
@@ -302,6 +303,7 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
                       pow_wide,
                       pose,
                       SegView{}};
+      P.classic_ciou = rule.classic_ciou;
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       if (pose_on) {  // step 1 for pose: which rows the level gate applies to
         level_gate_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(P, cells);
@@ -400,11 +402,11 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
 Outputs5 assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                      const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
                      int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
-                    AutocastDtype autocast_dtype) {
+                     c10::string_view rules, std::optional<double> first_stride, AutocastDtype autocast_dtype) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, nullptr, nullptr, autocast_dtype);
+             eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, nullptr, autocast_dtype);
 }
 
 Outputs5 assign_pose_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
@@ -412,21 +414,22 @@ Outputs5 assign_pose_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bbox
                           const at::Tensor& anc_strides, const at::Tensor& pd_kpts, const at::Tensor& gt_kpts,
                           const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
                           double beta, double eps, double stride_val, double level_lo, double level_hi,
-                         AutocastDtype autocast_dtype) {
+                          c10::string_view rules, std::optional<double> first_stride, AutocastDtype autocast_dtype) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   const int64_t K =
       check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
   const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, &pose, nullptr, autocast_dtype);
+             eps, rule_set(rules, d.D, stride_val, first_stride), &pose, nullptr, autocast_dtype);
 }
 
 Outputs5 assign_seg_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
                          const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
                          const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
                          const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                         double beta, double eps, double stride_val, AutocastDtype autocast_dtype) {
+                         double beta, double eps, double stride_val, c10::string_view rules,
+                         std::optional<double> first_stride, AutocastDtype autocast_dtype) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
@@ -436,7 +439,7 @@ Outputs5 assign_seg_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
               "lucid.assign_seg on CUDA: too many pair slots (B x M x min(3 * topk, A) = ", d.B, " x ", d.M, " x ",
               seg.k3, "; at most ", std::numeric_limits<int32_t>::max() / kMaxPieces, ")");
   return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, stride_val, nullptr, &seg, autocast_dtype);
+             eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, &seg, autocast_dtype);
 }
 
 }  // namespace

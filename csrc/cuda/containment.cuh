@@ -29,12 +29,12 @@ struct Regions {
 
   // Row j's region from its box (D values); real: a real object, whose short sides get the floor. cos_t and sin_t
   // are those of the angle (D = 5 only).
-  __device__ __forceinline__ void put(int64_t j, const T* box, int D, bool real, T stride_val, T cos_t,
-                                      T sin_t) const {
+  __device__ __forceinline__ void put(int64_t j, const T* box, int D, bool real, const geom::RuleSet<T>& rule,
+                                      T cos_t, T sin_t) const {
     if (D == 4) {
-      hbb[j] = geom::hbb_candidate_region<T>(box[0], box[1], box[2], box[3], real, stride_val);
+      hbb[j] = geom::hbb_candidate_region<T>(box[0], box[1], box[2], box[3], real, rule);
     } else {
-      obb[j] = geom::obb_candidate_region<T>(box[0], box[1], box[2], box[3], cos_t, sin_t, real, stride_val);
+      obb[j] = geom::obb_candidate_region<T>(box[0], box[1], box[2], box[3], cos_t, sin_t, real, rule);
     }
   }
 

@@ -29,10 +29,11 @@ __device__ __forceinline__ void box_values(const T* box, int D, T cos_t, T sin_t
 
 // The overlap of object box g and predicted box q (D values each) from their box values, clamped below at 0.
 template <typename T>
-__device__ __forceinline__ T pair_overlap(const T* g, const T* gv, const T* q, const T* qv, int D) {
+__device__ __forceinline__ T pair_overlap(const T* g, const T* gv, const T* q, const T* qv, int D,
+                                          bool classic_ciou = false) {
   T o;
   if (D == 4) {
-    o = geom::ciou<T>(g[0], g[1], g[2], g[3], q[0], q[1], q[2], q[3], gv[0], qv[0]);
+    o = geom::ciou<T>(g[0], g[1], g[2], g[3], q[0], q[1], q[2], q[3], gv[0], qv[0], classic_ciou);
   } else {
     o = geom::probiou<T>(g[0], g[1], {gv[0], gv[1], gv[2]}, q[0], q[1], {qv[0], qv[1], qv[2]});
   }

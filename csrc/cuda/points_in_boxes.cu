@@ -21,7 +21,7 @@ namespace {
 template <typename T, int D>
 __global__ void points_in_boxes_kernel(const T* __restrict__ anc, const T* __restrict__ boxes,
                                        const bool* __restrict__ valid, int64_t num_anchors, int64_t blocks_per_row,
-                                       T stride_val, bool* __restrict__ out) {
+                                       geom::RuleSet<T> rule, bool* __restrict__ out) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) / blocks_per_row;
   const int64_t a = (static_cast<int64_t>(blockIdx.x) % blocks_per_row) * kThreads + threadIdx.x;
   __shared__ geom::HbbRegion<T> hbb;
@@ -29,7 +29,7 @@ __global__ void points_in_boxes_kernel(const T* __restrict__ anc, const T* __res
   const Regions<T> region{&hbb, &obb};  // one row, index 0
   if (threadIdx.x == 0) {
     const T* b = boxes + row * D;
-    region.put(0, b, D, valid[row], stride_val, D == 5 ? ::cos(b[4]) : T(0), D == 5 ? ::sin(b[4]) : T(0));
+    region.put(0, b, D, valid[row], rule, D == 5 ? ::cos(b[4]) : T(0), D == 5 ? ::sin(b[4]) : T(0));
   }
   __syncthreads();
   if (a >= num_anchors) return;
@@ -37,8 +37,9 @@ __global__ void points_in_boxes_kernel(const T* __restrict__ anc, const T* __res
 }
 
 at::Tensor points_in_boxes_cuda(const at::Tensor& anc_points, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                                double stride_val) {
+                                double stride_val, c10::string_view rules, std::optional<double> first_stride) {
   const int64_t box_dim = check_points_in_boxes_args(anc_points, gt_bboxes, mask_gt, stride_val);
+  const auto rule = rule_set(rules, box_dim, stride_val, first_stride);
   const c10::cuda::CUDAGuard guard(gt_bboxes.device());
   const int64_t B = gt_bboxes.size(0), M = gt_bboxes.size(1), A = anc_points.size(0);
   auto out = at::empty({B, M, A}, gt_bboxes.options().dtype(at::kBool));
@@ -50,7 +51,7 @@ at::Tensor points_in_boxes_cuda(const at::Tensor& anc_points, const at::Tensor& 
   const unsigned blocks = blocks_for(B * M * blocks_per_row, 1);
   const auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(boxes.scalar_type(), "points_in_boxes_cuda", [&] {
-    const auto sv = static_cast<scalar_t>(stride_val);
+    const auto sv = geom::rule_as<scalar_t>(rule);
     auto kernel = box_dim == 5 ? points_in_boxes_kernel<scalar_t, 5> : points_in_boxes_kernel<scalar_t, 4>;
     kernel<<<blocks, kThreads, 0, stream>>>(anc.data_ptr<scalar_t>(), boxes.data_ptr<scalar_t>(),
                                            valid.data_ptr<bool>(), A, blocks_per_row, sv, out.data_ptr<bool>());

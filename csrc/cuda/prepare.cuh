@@ -45,7 +45,7 @@ struct RowInputs {
 // candidate region. An object's box is also copied, contiguous, to gt_copy, which every later kernel reads.
 template <typename T>
 __device__ void prepare_box(const RowsIn<T>& gt, T* __restrict__ gt_copy, const RowInputs& rows,
-                            const T* __restrict__ pd, bool is_gt, int64_t j, int D, T stride_val,
+                            const T* __restrict__ pd, bool is_gt, int64_t j, int D, const geom::RuleSet<T>& rule,
                             const Regions<T>& regions, T* gvals, T* pvals) {
   bool real = false;
   T box[5] = {};  // in registers: every index below is known at compile time
@@ -63,7 +63,7 @@ __device__ void prepare_box(const RowsIn<T>& gt, T* __restrict__ gt_copy, const 
   const bool rotated = D == 5;
   const T c = rotated ? ::cos(box[4]) : T(0), s = rotated ? ::sin(box[4]) : T(0);
   box_values(box, D, c, s, (is_gt ? gvals : pvals) + j * kBoxValues);
-  if (is_gt) regions.put(j, box, D, real, stride_val, c, s);
+  if (is_gt) regions.put(j, box, D, real, rule, c, s);
 }
 
 template <typename T>
@@ -75,7 +75,7 @@ struct PrepArgs {
   AnchorsIn anc_in;
   int64_t n_rows, n_pred, A;
   int D;
-  T stride_val;
+  geom::RuleSet<T> rule;  // step 1 (geometry.h)
   Regions<T> regions;
   T* gvals;
   T* pvals;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kPrepThreads) prepare_kernel(const PrepArgs<T>
   for (int64_t w = i; w < p.n_zero; w += threads) p.zero[w] = make_uint4(0u, 0u, 0u, 0u);
   if (i >= p.n_rows + p.n_pred) return;
   const bool is_gt = i < p.n_rows;
-  prepare_box(p.gt, p.gt_copy, p.rows, p.pd, is_gt, is_gt ? i : i - p.n_rows, p.D, p.stride_val, p.regions, p.gvals,
+  prepare_box(p.gt, p.gt_copy, p.rows, p.pd, is_gt, is_gt ? i : i - p.n_rows, p.D, p.rule, p.regions, p.gvals,
               p.pvals);
   if (is_gt && p.pose.on) prepare_pose_row(p.pose, p.gt_copy + i * 4, i, p.eps);
 }

@@ -156,6 +156,7 @@ struct Problem : AssignInputs<S, T> {
   bool pow_wide;  // s^alpha as for scores widened to float32 (CUDA autocast, amp.h)
   PoseView pose;  // the pose assignment: the level gate and the keypoint OKS (pose.on)
   SegView seg;    // the segmentation assignment: the chosen pairs' mask IoUs (seg.on)
+  bool classic_ciou = false;  // CIoU of releases before 8.4.144 (geometry.h RuleSet)
 
   // Step 1: anchor a lies in the candidate region of `row` (and passes its level gate, for pose); candidate: and the
   // row is a real object. The walks of the row kernels test region and gate in registers (RegionOf, RowGate).
@@ -171,7 +172,7 @@ struct Problem : AssignInputs<S, T> {
   // from it.
   __device__ T box_overlap(int64_t row, int64_t p) const {
     return pair_overlap(this->gt + row * D, prep.gvals + row * kBoxValues, this->pd + p * D,
-                        prep.pvals + p * kBoxValues, D);
+                        prep.pvals + p * kBoxValues, D, classic_ciou);
   }
   __device__ T overlap(int64_t row, int64_t p) const {
     if (pose.on && pose.rows[row].n_visible > 0) return pose.oks(row, p);

@@ -4,10 +4,12 @@
     lucid_ultralytics.patch()      # before the trainer builds its loss (the first training step)
 
 What changes: the names ``TaskAlignedAssigner``, ``RotatedTaskAlignedAssigner``, ``PoseTaskAlignedAssigner`` and
-``SegTaskAlignedAssigner`` of ``ultralytics.utils.loss``, which ``v8DetectionLoss``, ``v8OBBLoss``, ``PoseLoss26``,
-``SegmentLoss26`` and ``E2ELoss`` (YOLO26: one assignment with top-k 10 and one with top-k 7 and top-k2 1)
-instantiate, become ``LucidTaskAlignedAssigner``, ``LucidRotatedTaskAlignedAssigner``, ``LucidPoseTaskAlignedAssigner``
-and ``LucidSegTaskAlignedAssigner``. Losses built before ``patch()`` keep the
+``SegTaskAlignedAssigner`` of the peer's loss module (``ultralytics.utils.loss``; in early 8.0 releases
+``ultralytics.yolo.utils.loss`` or the trainer modules), which ``v8DetectionLoss``, ``v8OBBLoss``, ``v8PoseLoss``,
+``v8SegmentationLoss``, ``PoseLoss26``, ``SegmentLoss26`` and ``E2ELoss`` (YOLO26: one assignment with top-k 10 and one
+with top-k 7 and top-k2 1) instantiate, become ``LucidTaskAlignedAssigner``, ``LucidRotatedTaskAlignedAssigner``,
+``LucidPoseTaskAlignedAssigner`` and ``LucidSegTaskAlignedAssigner``, each with the rule set of the installed
+release (docs/spec.md, "Rule sets") and that release's constructor. Losses built before ``patch()`` keep the
 assigner they have. The speed and memory of the assignment change; its results do not.
 
 - Multi-GPU: the peer trains on several GPUs by writing a script that ``torch.distributed.run`` starts once per GPU;
@@ -18,23 +20,25 @@ assigner they have. The speed and memory of the assignment change; its results d
   built, a dtype it lacks) is handed to the peer's own assigner, so training runs at the peer's speed, and that is
   said once per reason, with the fix, as a ``FallbackWarning``. ``backend="kernel"`` raises instead;
   ``backend="reference"`` runs lucid-assign's pure-PyTorch reference.
-- No silent divergence: ``patch()`` runs the installed peer's assigners and lucid-assign's on a small built-in batch
-  (on the CPU, ties to the lower index) and refuses, with ``PeerMismatchError``, when they differ. Exactness was
-  shown for ultralytics 8.4.190; the other 8.4.x releases are accepted when they pass this check.
+- No silent divergence: ``patch()`` runs each of the installed peer's assigners and lucid-assign's reference under
+  each rule set on small built-in batches (on the CPU, ties to the lower index), never choosing by the version
+  string; it patches each assigner with the rule set that gives its results and leaves the others to the peer, said
+  once with the reason. docs/releases.md lists what this gives for each release from 8.0 to 8.4.
 - ``LUCID_ASSIGN_VERBOSE=1`` prints, per process, when it is patched and what each patched assigner's first call ran
   (evidence that every rank of a multi-GPU run uses the kernel).
 
 Left on the peer's code, on purpose: any call that passes other extra inputs to a patched assigner is handed to the
 peer's class.
 
-Nothing is imported from ultralytics until ``patch()`` is called; a missing package or a version whose assigner
-interface differs gives a clear error.
+Nothing is imported from ultralytics until ``patch()`` is called; a missing package gives a clear error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
+import itertools
 import os
 import sys
 import types
@@ -45,22 +49,30 @@ from .. import __version__, _library, api, reference
 from .. import assigner as _ours
 from ..synthetic import check_batch, pose_batch, seg_batch
 
-SUPPORTED_VERSIONS = ("8.4.",)  # versions whose assigner interface and loss wiring were checked
-VERIFIED_VERSION = "8.4.190"  # the version the kernels were shown bit-exact against
+VERIFIED_VERSION = "8.4.190"  # the release the package's own tests run against
+TESTED_RANGE = ">=8.0.145,<8.5"  # the releases the survey ran (docs/releases.md); the extra's requirement
 _NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner")
 _SEG_INPUTS = ("pd_coef", "mask_scale", "proto", "gt_masks")
 _SEG_KEYS = frozenset(_SEG_INPUTS)
-_EXPECTED_ARGS = ("topk", "num_classes", "alpha", "beta", "stride", "eps", "topk2")
 VERBOSE_ENV = "LUCID_ASSIGN_VERBOSE"
+# Where the peer keeps its modules: ultralytics.utils since 8.0.1xx, ultralytics.yolo before, where the earliest
+# releases built their losses in each task's trainer module.
+_TAL_MODULES = ("ultralytics.utils.tal", "ultralytics.yolo.utils.tal")
+_LOSS_MODULES = ("ultralytics.utils.loss", "ultralytics.yolo.utils.loss", "ultralytics.yolo.v8.detect.train",
+                 "ultralytics.yolo.v8.segment.train", "ultralytics.yolo.v8.pose.train")
+_DIST_MODULES = ("ultralytics.utils.dist", "ultralytics.yolo.utils.dist")
 
-_originals: dict | None = None  # the peer's objects that patch() replaced, by name
+_originals: dict | None = None  # (module, name) -> the peer's object that patch() replaced
+_rules: dict = {}  # assigner name -> the rule set its patched class reproduces
+_left: dict = {}  # assigner name -> why patch() left it to the peer
 _backend = "auto"  # the backend of the current patch
 _said: set = set()
 _announced = False  # whether this process said that the patch took effect (at the first patched call)
 
 
 class PeerMismatchError(RuntimeError):
-    """The installed peer's assigner gives other results than lucid-assign: patch() refuses."""
+    """No assigner of the installed peer gives lucid-assign's results under any rule set: patch() has nothing to
+    patch."""
 
 
 FallbackWarning = api.FallbackWarning  # a patched assigner hands a call its kernel cannot take to the peer's own
@@ -72,43 +84,42 @@ def _verbose(msg: str) -> None:
         print(f"lucid-assign [{where}pid {os.getpid()}]: {msg}", file=sys.stderr, flush=True)
 
 
-def _peer():
+def _first_module(names):
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+class _Peer(types.SimpleNamespace):
+    """The installed peer: version, its assigner module (tal), the modules whose losses build assigners (losses)
+    and the module that writes multi-GPU scripts (dist, or None)."""
+
+
+def _peer() -> _Peer:
     try:
         import ultralytics
-        from ultralytics.utils import dist, loss, tal
     except ImportError as exc:
         raise ImportError(
             "lucid_assign.integrations.ultralytics needs the ultralytics package "
-            f"(pip install 'lucid-assign[ultralytics]', or ultralytics=={VERIFIED_VERSION})"
+            f"(pip install 'lucid-assign[ultralytics]', or ultralytics{TESTED_RANGE})"
         ) from exc
     version = getattr(ultralytics, "__version__", "unknown")
-    if not version.startswith(SUPPORTED_VERSIONS):
-        raise RuntimeError(
-            f"ultralytics {version} is not a version whose assigners lucid-assign was checked against "
-            f"({', '.join(v + 'x' for v in SUPPORTED_VERSIONS)}; exact for {VERIFIED_VERSION})"
-        )
-    for name in _NAMES:
-        if getattr(loss, name, None) is None:
-            raise RuntimeError(f"ultralytics {version}: ultralytics.utils.loss has no {name}; cannot patch")
-        cls = getattr(tal, name)
-        if name == "PoseTaskAlignedAssigner":  # sigmas, then the base class's arguments; the strides to forward()
-            expected = ("sigmas",)
-            ok = issubclass(cls, tal.TaskAlignedAssigner) and "anc_strides" in inspect.signature(cls.forward).parameters
-        elif name == "SegTaskAlignedAssigner":  # the base class's arguments; the mask inputs to pair_overlaps
-            expected = _EXPECTED_ARGS
-            ok = issubclass(cls, tal.TaskAlignedAssigner) and set(_SEG_INPUTS) <= set(
-                inspect.signature(cls.pair_overlaps).parameters)
-        else:
-            expected, ok = _EXPECTED_ARGS, True
-        params = inspect.signature(cls.__init__).parameters
-        missing = [p for p in expected if p not in params]
-        if missing or not ok:
-            raise RuntimeError(f"ultralytics {version}: {name} lacks the arguments {missing or 'it takes'}; "
-                               "cannot patch")
-    if not callable(getattr(dist, "generate_ddp_file", None)):
-        raise RuntimeError(f"ultralytics {version}: ultralytics.utils.dist has no generate_ddp_file; cannot patch "
-                           "its multi-GPU launch")
-    return version, loss, tal, dist
+    tal = _first_module(_TAL_MODULES)
+    if tal is None:
+        raise RuntimeError(f"ultralytics {version} has no assigner module ({' or '.join(_TAL_MODULES)}): nothing "
+                           "to patch")
+    losses = []
+    for name in _LOSS_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if any(isinstance(getattr(module, n, None), type) for n in _NAMES):
+            losses.append(module)
+    return _Peer(version=version, tal=tal, losses=losses, dist=_first_module(_DIST_MODULES))
 
 
 # --- the patched classes -------------------------------------------------------------------------------------------
@@ -120,7 +131,16 @@ class _Patched:
     peer_name = ""
 
     def __init__(self, *args, **kwargs):
+        """The peer's constructor of the patched release (8.0 to 8.3: no ``stride`` or ``topk2``, ``eps`` fifth),
+        with the rule set that patch() found for it."""
+        peer_cls = _peer_class(self.peer_name)
+        if peer_cls is not None and not {"backend", "rules"} & kwargs.keys():
+            bound = inspect.signature(peer_cls.__init__).bind(None, *args, **kwargs).arguments
+            bound.pop(next(iter(bound)))  # self
+            bound.update(bound.pop("kwargs", {}))
+            args, kwargs = (), bound
         kwargs.setdefault("backend", _backend)
+        kwargs.setdefault("rules", _rules.get(self.peer_name, reference.DEFAULT_RULES))
         super().__init__(*args, **kwargs)
         self.__dict__["_peer_assigner"] = None  # not a submodule: it is a fallback, not part of the model
         self.__dict__["_first_call"] = True
@@ -131,11 +151,10 @@ class _Patched:
     def peer(self):
         """The peer's own assigner with the same settings (built on first use)."""
         if self._peer_assigner is None:
-            cls = (_originals or {}).get(self.peer_name) or getattr(sys.modules["ultralytics.utils.tal"],
-                                                                    self.peer_name)
-            self.__dict__["_peer_assigner"] = cls(*self._peer_args(), topk=self.topk, num_classes=self.num_classes,
-                                                  alpha=self.alpha, beta=self.beta, stride=self.stride, eps=self.eps,
-                                                  topk2=self.topk2)
+            cls = _peer_class(self.peer_name) or getattr(_peer().tal, self.peer_name)
+            settings = dict(topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta,
+                            stride=self.stride, eps=self.eps, topk2=self.topk2)
+            self.__dict__["_peer_assigner"] = cls(*self._peer_args(), **_accepted(cls, settings))
         return self._peer_assigner
 
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
@@ -181,6 +200,23 @@ class _Patched:
                       f"{api.kernel_fix(pd_scores.device.type, why)}; or patch(backend='kernel') to make this an "
                       f"error")
         return why
+
+
+def _peer_class(name: str):
+    """The peer's class that patch() replaced by the patched class of ``name``, or None when not patched."""
+    for (_, attr), obj in (_originals or {}).items():
+        if attr == name:
+            return obj
+    return None
+
+
+def _accepted(cls, settings: dict) -> dict:
+    """Of ``settings``, those the constructor of the peer's ``cls`` takes (8.0 to 8.3: no stride or topk2)."""
+    params = inspect.signature(cls.__init__).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()) and cls.__init__ is not object.__init__:
+        base = next((c for c in cls.__mro__[1:] if "topk" in inspect.signature(c.__init__).parameters), None)
+        params = {**params, **(inspect.signature(base.__init__).parameters if base else {})}
+    return {k: v for k, v in settings.items() if k in params}
 
 
 class LucidTaskAlignedAssigner(_Patched, _ours.TaskAlignedAssigner):
@@ -259,9 +295,13 @@ def _announce(first_call: str) -> None:
     if _announced:
         return
     _announced = True
-    from ultralytics.utils import LOGGER
+    _logger().info(f"lucid-assign {__version__}: ultralytics' assigners are patched; the first call: {first_call}")
 
-    LOGGER.info(f"lucid-assign {__version__}: ultralytics' assigners are patched; the first call: {first_call}")
+
+def _logger():
+    """The peer's LOGGER (ultralytics.utils, or ultralytics.yolo.utils in early releases)."""
+    module = _first_module(("ultralytics.utils", "ultralytics.yolo.utils"))
+    return module.LOGGER
 
 
 def effective_backend() -> str:
@@ -340,45 +380,91 @@ def _tensor_topk_ties_low():
         torch.Tensor.topk = saved
 
 
-def self_check(tal=None) -> str | None:
-    """Run the peer's assigners (module ``tal``) and lucid-assign's reference on the built-in batches on the CPU,
-    ties to the lower index; return None when every output is equal bit for bit, else what differs."""
-    if tal is None:
-        from ultralytics.utils import tal
+def _runs(tal, name):
+    """(settings, our reference for a rule set, the peer's outputs) of the built-in batches for the peer's class
+    ``name``, the peer run on the CPU with ties to the lower index."""
+    cls = getattr(tal, name)
+    takes_topk2 = "topk2" in _accepted(cls, {"topk2": 1})
+    if name == "PoseTaskAlignedAssigner":
+        batches = [(inputs, dict(kpts, sigmas=sigmas), kw) for inputs, kpts, sigmas, kw in _pose_check_batches()]
+    elif name == "SegTaskAlignedAssigner":
+        batches = list(_seg_check_batches())
+    else:
+        batches = [(inputs, {}, kw) for n, inputs, kw in _check_batches() if n == name]
+    for inputs, extra, kw in batches:
+        if kw["topk2"] is not None and not takes_topk2:
+            continue
+        extra = dict(extra)
+        sigmas = extra.pop("sigmas", None)
+        peer = cls(*(() if sigmas is None else (sigmas,)), **_accepted(cls, kw))
+        args = inputs
+        if sigmas is not None and "anc_strides" not in inspect.signature(cls.forward).parameters:
+            args = inputs[:-1]  # releases before 8.4.187 take no strides (and have no level gate)
+        with torch.no_grad(), _tensor_topk_ties_low():  # on copies: a release that modifies its inputs differs
+            theirs = peer(*(t.clone() for t in args), **{k: v.clone() for k, v in extra.items()})
+
+        def ours(rules, dense, inputs=inputs, extra=extra, sigmas=sigmas, kw=kw):
+            kw = dict(kw, rules=rules, dense_metrics=dense)
+            if name == "PoseTaskAlignedAssigner":
+                return reference.assign_pose(*inputs, extra["pd_kpts"], extra["gt_kpts"], sigmas, **kw)
+            if name == "SegTaskAlignedAssigner":
+                return reference.assign_seg(*inputs, *extra.values(), **kw)
+            return reference.assign(*inputs, **kw)
+
+        yield kw, ours, theirs
+
+
+def _first_difference(kw, ours, theirs) -> str | None:
     names = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
+    for out, a, b in zip(names, ours, theirs):
+        if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
+            count = int((a.to(b.dtype) != b).sum()) if a.shape == b.shape else "shape"
+            return f"topk={kw['topk']}, topk2={kw['topk2']}: {out} differs ({count} elements)"
+    return None
+
+
+def check_peer(tal=None) -> dict:
+    """For each assigner class of the peer's module ``tal``: ``(rules, detail)``, the newest rule set
+    (reference.RULE_SETS) under which lucid-assign's reference gives the class's outputs bit for bit on the built-in
+    batches (the CPU, ties to the lower index), or ``(None, why)`` when none does. Classes the release lacks are
+    absent."""
+    if tal is None:
+        tal = _peer().tal
+    found = {}
     saved = tal.torch
     tal.torch = _TorchTiesLow()
-
-    def pose_runs():
-        for inputs, kpts, sigmas, kw in _pose_check_batches():
-            with torch.no_grad():
-                theirs = tal.PoseTaskAlignedAssigner(sigmas, **kw)(*inputs, **kpts)
-            ours = reference.assign_pose(*inputs, kpts["pd_kpts"], kpts["gt_kpts"], sigmas, **kw)
-            yield "PoseTaskAlignedAssigner", kw, ours, theirs
-
-    def seg_runs():
-        for inputs, masks, kw in _seg_check_batches():
-            with torch.no_grad(), _tensor_topk_ties_low():
-                theirs = tal.SegTaskAlignedAssigner(**kw)(*inputs, **masks)
-            ours = reference.assign_seg(*inputs, *masks.values(), **kw)
-            yield "SegTaskAlignedAssigner", kw, ours, theirs
-
-    def box_runs():
-        for name, inputs, kw in _check_batches():
-            peer = getattr(tal, name)(**kw)
-            with torch.no_grad():
-                theirs = peer(*inputs)
-            yield name, kw, reference.assign(*inputs, **kw), theirs
-
     try:
-        for name, kw, ours, theirs in (*box_runs(), *pose_runs(), *seg_runs()):
-            for out, a, b in zip(names, ours, theirs):
-                if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
-                    return (f"{name}(topk={kw['topk']}, topk2={kw['topk2']}): {out} differs "
-                            f"({int((a.to(b.dtype) != b).sum()) if a.shape == b.shape else 'shape'} elements)")
+        for name in _NAMES:
+            if not isinstance(getattr(tal, name, None), type):
+                continue
+            try:
+                runs = list(_runs(tal, name))
+            except Exception as exc:  # a release whose class cannot run the built-in batch is left to itself
+                found[name] = None, f"its check raised {type(exc).__name__}: {exc}"
+                continue
+            # the newest rule set first; 8.0 only, and first, for a class without the top-k2 of later releases
+            newer = [r for r in reversed(reference.RULE_SETS) if r != "8.0"]
+            takes_topk2 = "topk2" in _accepted(getattr(tal, name), {"topk2": 1})
+            first = None
+            for rules, dense in itertools.product(newer if takes_topk2 else ["8.0", *newer], (False, True)):
+                diff = next(filter(None, (_first_difference(kw, ours(rules, dense), theirs)
+                                          for kw, ours, theirs in runs)), None)
+                if diff is None:
+                    found[name] = rules, f"rule set {rules}"
+                    break
+                first = first or f"{diff} under rule set {rules}"
+            else:
+                found[name] = None, f"no rule set gives its results ({first})"
     finally:
         tal.torch = saved
-    return None
+    return found
+
+
+def self_check(tal=None) -> str | None:
+    """None when every assigner class of the peer's module ``tal`` (default: the installed peer's) gives the results
+    of lucid-assign's reference under one of its rule sets on the built-in batches, else what differs."""
+    bad = [f"{name}: {why}" for name, (rules, why) in check_peer(tal).items() if rules is None]
+    return "; ".join(bad) or None
 
 
 # --- multi-GPU: every rank the peer launches patches itself ---------------------------------------------------------
@@ -416,22 +502,27 @@ def _rank_patched(generate_ddp_file):
 
 
 def patch(backend: str = "auto") -> None:
-    """Make the peer's detection, OBB, pose and segmentation losses, in this process and in the ranks of a multi-GPU
-    run it launches, build lucid-assign's assigners. Calling it again is harmless (the latest ``backend`` applies).
+    """Make the peer's losses (detection, OBB, pose and segmentation, YOLO26's end-to-end loss), in this process and
+    in the ranks of a multi-GPU run it launches, build lucid-assign's assigners. Calling it again is harmless (the
+    latest ``backend`` applies).
 
-    Raises ``PeerMismatchError`` when the installed peer's assigners give other results than lucid-assign's on the
-    built-in check batch, and ``RuntimeError`` for ``backend="kernel"`` when the compiled library is not loaded."""
-    global _originals, _backend
+    Each assigner class of the installed release is checked on the built-in batches (check_peer) and patched with the
+    rule set that reproduces it; one that no rule set reproduces is left to the peer, said once with the reason (a
+    FallbackWarning); a class the release lacks is not a concern. Raises ``PeerMismatchError`` when no class of the
+    release is reproduced (nothing to patch), and ``RuntimeError`` for ``backend="kernel"`` when the compiled library
+    is not loaded."""
+    global _originals, _backend, _rules, _left
     if backend not in api.BACKENDS:
         raise ValueError(f"backend must be one of {api.BACKENDS}, got {backend!r}")
-    version, loss, tal, dist = _peer()
+    peer = _peer()
     if _originals is None:
-        diff = self_check(tal)
-        if diff is not None:
+        found = check_peer(peer.tal)
+        rules = {name: r for name, (r, _) in found.items() if r is not None}
+        if not rules:
             raise PeerMismatchError(
-                f"ultralytics {version} assigns differently from lucid-assign on its built-in check batch ({diff}); "
-                f"lucid-assign reproduces ultralytics {VERIFIED_VERSION} exactly, so patch() refuses: install "
-                f"ultralytics=={VERIFIED_VERSION}, or train unpatched")
+                f"ultralytics {peer.version} assigns differently from lucid-assign under every rule set on its "
+                f"built-in batches ({'; '.join(f'{n}: {why}' for n, (_, why) in found.items())}), so patch() has "
+                f"nothing to patch: train unpatched, or install ultralytics{TESTED_RANGE}")
     if backend == "kernel" and not _library.loaded():
         raise RuntimeError(f"patch(backend='kernel'): the compiled library is not loaded ({_library.LOAD_ERROR}). "
                            f"Fix: {_library.LOAD_FIX}")
@@ -439,26 +530,36 @@ def patch(backend: str = "auto") -> None:
         _say_once(f"lucid-assign: the compiled library is not loaded ({_library.LOAD_ERROR}), so the patched "
                   f"assigners hand every call to ultralytics' own assigner, at its speed. Fix: {_library.LOAD_FIX}")
     if _originals is None:
-        _originals = {name: getattr(loss, name) for name in _NAMES}
-        _originals["generate_ddp_file"] = dist.generate_ddp_file
+        _rules = rules
+        _left = {name: why for name, (r, why) in found.items() if r is None}
+        _originals = {(m.__name__, n): getattr(m, n) for m in peer.losses for n in rules if hasattr(m, n)}
+        if callable(getattr(peer.dist, "generate_ddp_file", None)):
+            _originals[(peer.dist.__name__, "generate_ddp_file")] = peer.dist.generate_ddp_file
+        for name, why in _left.items():
+            _say_once(f"lucid-assign: ultralytics {peer.version}'s {name} is left to ultralytics ({why}); its other "
+                      f"assigners are patched")
     _backend = backend
-    for name in _NAMES:
-        setattr(loss, name, _PATCHED[name])
-    dist.generate_ddp_file = _rank_patched(_originals["generate_ddp_file"])
-    _verbose(f"patched ultralytics {version} (backend {effective_backend()!r})")
+    for (module, name), original in _originals.items():
+        setattr(sys.modules[module], name, _rank_patched(original) if name == "generate_ddp_file" else _PATCHED[name])
+    _verbose(f"patched ultralytics {peer.version} (backend {effective_backend()!r}; "
+             f"{', '.join(f'{n}: rules {r}' for n, r in _rules.items())})")
+
+
+def patch_report() -> list:
+    """What patch() did with each assigner of the installed release: lines "NAME: patched (rule set R)" or
+    "NAME: left to ultralytics (why)". Empty when not patched."""
+    return ([f"{name}: patched (rule set {rules})" for name, rules in _rules.items()] +
+            [f"{name}: left to ultralytics ({why})" for name, why in _left.items()]) if _originals is not None else []
 
 
 def unpatch() -> None:
     """Restore the peer exactly as it was. Harmless when not patched."""
-    global _originals
+    global _originals, _rules, _left
     if _originals is None:
         return
-    from ultralytics.utils import dist, loss
-
-    for name in _NAMES:
-        setattr(loss, name, _originals[name])
-    dist.generate_ddp_file = _originals["generate_ddp_file"]
-    _originals = None
+    for (module, name), original in _originals.items():
+        setattr(sys.modules[module], name, original)
+    _originals, _rules, _left = None, {}, {}
 
 
 def is_patched() -> bool:
