@@ -50,7 +50,7 @@ from .. import assigner as _ours
 from ..synthetic import check_batch, pose_batch, seg_batch
 
 VERIFIED_VERSION = "8.4.190"  # the release the package's own tests run against
-TESTED_RANGE = ">=8.0.145,<8.5"  # the releases the survey ran (docs/releases.md); the extra's requirement
+TESTED_RANGE = ">=8.0.200,<8.5"  # the releases the survey ran (docs/releases.md); the extra's requirement
 _NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner")
 _SEG_INPUTS = ("pd_coef", "mask_scale", "proto", "gt_masks")
 _SEG_KEYS = frozenset(_SEG_INPUTS)
