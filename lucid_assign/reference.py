@@ -78,6 +78,9 @@ def classic_ciou(rules: str) -> bool:
     return rules != "8.4.144"
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Step 1: containment (candidate regions)
+# ---------------------------------------------------------------------------------------------------------------
 def _floor_sides(side: torch.Tensor, valid: torch.Tensor, below: float, to: float) -> torch.Tensor:
     floor = torch.tensor(to, dtype=side.dtype, device=side.device)
     return torch.where((side < below) & valid, floor, side)

@@ -115,7 +115,7 @@ Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxe
                          const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
                          double beta, double eps, double stride_val, double level_lo, double level_hi,
                          c10::string_view rules, std::optional<double> first_stride,
-                    AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
+                         AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
   const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                        num_classes, stride_val, eps);
   const int64_t K =

@@ -51,10 +51,10 @@ at::Tensor points_in_boxes_cuda(const at::Tensor& anc_points, const at::Tensor& 
   const unsigned blocks = blocks_for(B * M * blocks_per_row, 1);
   const auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES(boxes.scalar_type(), "points_in_boxes_cuda", [&] {
-    const auto sv = geom::rule_as<scalar_t>(rule);
+    const auto rule_t = geom::rule_as<scalar_t>(rule);
     auto kernel = box_dim == 5 ? points_in_boxes_kernel<scalar_t, 5> : points_in_boxes_kernel<scalar_t, 4>;
     kernel<<<blocks, kThreads, 0, stream>>>(anc.data_ptr<scalar_t>(), boxes.data_ptr<scalar_t>(),
-                                           valid.data_ptr<bool>(), A, blocks_per_row, sv, out.data_ptr<bool>());
+                                           valid.data_ptr<bool>(), A, blocks_per_row, rule_t, out.data_ptr<bool>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

@@ -133,15 +133,15 @@ class _Patched:
     def __init__(self, *args, **kwargs):
         """The peer's constructor of the patched release (8.0 to 8.3: no ``stride`` or ``topk2``, ``eps`` fifth),
         with the rule set that patch() found for it."""
+        ours = {"backend": kwargs.pop("backend", _backend),
+                "rules": kwargs.pop("rules", _rules.get(self.peer_name, reference.DEFAULT_RULES))}
         peer_cls = _peer_class(self.peer_name)
-        if peer_cls is not None and not {"backend", "rules"} & kwargs.keys():
+        if peer_cls is not None:
             bound = inspect.signature(peer_cls.__init__).bind(None, *args, **kwargs).arguments
             bound.pop(next(iter(bound)))  # self
             bound.update(bound.pop("kwargs", {}))
             args, kwargs = (), bound
-        kwargs.setdefault("backend", _backend)
-        kwargs.setdefault("rules", _rules.get(self.peer_name, reference.DEFAULT_RULES))
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs, **ours)
         self.__dict__["_peer_assigner"] = None  # not a submodule: it is a fallback, not part of the model
         self.__dict__["_first_call"] = True
 
@@ -384,7 +384,7 @@ def _runs(tal, name):
     """(settings, our reference for a rule set, the peer's outputs) of the built-in batches for the peer's class
     ``name``, the peer run on the CPU with ties to the lower index."""
     cls = getattr(tal, name)
-    takes_topk2 = "topk2" in _accepted(cls, {"topk2": 1})
+    takes_topk2 = _takes_topk2(cls)
     if name == "PoseTaskAlignedAssigner":
         batches = [(inputs, dict(kpts, sigmas=sigmas), kw) for inputs, kpts, sigmas, kw in _pose_check_batches()]
     elif name == "SegTaskAlignedAssigner":
@@ -412,6 +412,11 @@ def _runs(tal, name):
             return reference.assign(*inputs, **kw)
 
         yield kw, ours, theirs
+
+
+def _takes_topk2(cls) -> bool:
+    """Whether the peer's class has the second top-k (8.4 and later); 8.0 to 8.3 have none."""
+    return "topk2" in _accepted(cls, {"topk2": 1})
 
 
 def _first_difference(kw, ours, theirs) -> str | None:
@@ -444,9 +449,9 @@ def check_peer(tal=None) -> dict:
                 continue
             # the newest rule set first; 8.0 only, and first, for a class without the top-k2 of later releases
             newer = [r for r in reversed(reference.RULE_SETS) if r != "8.0"]
-            takes_topk2 = "topk2" in _accepted(getattr(tal, name), {"topk2": 1})
             first = None
-            for rules, dense in itertools.product(newer if takes_topk2 else ["8.0", *newer], (False, True)):
+            for rules, dense in itertools.product(newer if _takes_topk2(getattr(tal, name)) else ["8.0", *newer],
+                                                  (False, True)):
                 diff = next(filter(None, (_first_difference(kw, ours(rules, dense), theirs)
                                           for kw, ours, theirs in runs)), None)
                 if diff is None:
