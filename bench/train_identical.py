@@ -63,7 +63,7 @@ def train(args, batches, patched: bool) -> dict:
     with (integ.patched(args.backend) if patched else contextlib.nullcontext(),
           warnings.catch_warnings(record=True) as caught):
         warnings.simplefilter("always")
-        model, opt = ts.build(args.device, args.task)
+        model, opt = ts.build(args.device, args.task, args.model)
         losses = [flat(*ts.step(model, opt, batches[i % len(batches)], args.device)) for i in range(args.steps)]
         kinds = sorted({type(p.assigner).__name__ for p in _parts(model)})
     notes = sorted({str(w.message).splitlines()[0][:160] for w in caught})
@@ -94,10 +94,14 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--backend", default="auto", help="backend of the patched run (auto, kernel, reference)")
     p.add_argument("--batches", type=int, default=5, help="distinct synthetic batches, used in turn")
+    p.add_argument("--model", default=None, help="the model's YAML (default yolo26n-TASK.yaml; releases before 8.4: "
+                   "e.g. yolov8n-obb.yaml)")
     args = p.parse_args(argv)
     args.imgsz = args.imgsz or (640 if args.task in ("pose", "seg") else 1024)
     args.objects = args.objects or (20 if args.task in ("pose", "seg") else 60)
-    print(f"yolo26n-{args.task}, {args.steps} steps, batch {args.batch} at {args.imgsz} px, {args.objects} "
+    import ultralytics
+
+    print(f"{args.model or 'yolo26n-' + args.task} (ultralytics {ultralytics.__version__}), {args.steps} steps, batch {args.batch} at {args.imgsz} px, {args.objects} "
           f"objects/image, "
           f"bf16 autocast, {args.device}, torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")

@@ -96,18 +96,21 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def build(device, task: str = "obb"):
+def build(device, task: str = "obb", cfg: str | None = None):
+    """The peer's model for ``task`` from its YAML (``cfg``; default yolo26n-TASK.yaml, which releases before 8.4 do
+    not have: pass e.g. yolov8n-obb.yaml there), with an SGD optimiser."""
     from ultralytics.cfg import get_cfg
     from ultralytics.nn.tasks import OBBModel, PoseModel, SegmentationModel
     from ultralytics.utils import DEFAULT_CFG
 
     torch.manual_seed(0)
+    cfg = cfg or f"yolo26n-{task}.yaml"
     if task == "pose":
-        model = PoseModel("yolo26n-pose.yaml", nc=1, data_kpt_shape=(17, 3), verbose=False).to(device)
+        model = PoseModel(cfg, nc=1, data_kpt_shape=(17, 3), verbose=False).to(device)
     elif task == "seg":
-        model = SegmentationModel("yolo26n-seg.yaml", nc=80, verbose=False).to(device)
+        model = SegmentationModel(cfg, nc=80, verbose=False).to(device)
     else:
-        model = OBBModel("yolo26n-obb.yaml", nc=15, verbose=False).to(device)
+        model = OBBModel(cfg, nc=15, verbose=False).to(device)
     model.args = get_cfg(DEFAULT_CFG)
     model.train()
     return model, torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
