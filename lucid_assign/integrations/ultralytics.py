@@ -546,8 +546,8 @@ def patch(backend: str = "auto") -> None:
     _backend = backend
     for (module, name), original in _originals.items():
         setattr(sys.modules[module], name, _rank_patched(original) if name == "generate_ddp_file" else _PATCHED[name])
-    _verbose(f"patched ultralytics {peer.version} (backend {effective_backend()!r}; "
-             f"{', '.join(f'{n}: rules {r}' for n, r in _rules.items())})")
+    _verbose(f"patched ultralytics {peer.version} (backend {effective_backend()!r}): "
+             f"{', '.join(f'{n} with rules {r}' for n, r in _rules.items())}")
 
 
 def patch_report() -> list:
