@@ -35,10 +35,11 @@ inline geom::RuleSet<double> rule_set(c10::string_view rules, int64_t D, double 
                                       std::optional<double> first_stride) {
   constexpr double kNoFloor = -std::numeric_limits<double>::infinity();
   if (rules == "8.4.144") return {stride_val, stride_val, true, false};
+  if (rules == "8.4.180") return {stride_val, stride_val, true, false, /*pose_mean=*/true};
   if (rules == "8.4.128") return {stride_val, stride_val, true, true};
   if (rules == "8.0") return {kNoFloor, 0.0, false, true};
   TORCH_CHECK(rules == "8.4.0" || rules == "8.4.8",
-              "rules must be one of '8.0', '8.4.0', '8.4.8', '8.4.128', '8.4.144', got '", rules, "'");
+              "rules must be one of '8.0', '8.4.0', '8.4.8', '8.4.128', '8.4.144', '8.4.180', got '", rules, "'");
   TORCH_CHECK(first_stride.has_value() && std::isfinite(*first_stride) && *first_stride > 0, "rules '", rules,
               "' needs first_stride (the trainer's stride[0]), a positive number; got ",
               first_stride.has_value() ? std::to_string(*first_stride) : std::string("None"));

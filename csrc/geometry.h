@@ -144,16 +144,19 @@ LUCID_HD T hbb_margin() {
 // What differs between the peer's rule sets (docs/spec.md, "Rule sets"). Step 1: a real object's side below `below` is
 // raised to `to` (below = -inf: no floor), and `round_trip` says whether an axis-aligned box goes through centre and
 // size (with the floor) or is used as given (then without a floor). Step 2: `classic_ciou`, CIoU's trade-off term as
-// releases before 8.4.144 round it (ciou below).
+// releases before 8.4.144 round it (ciou below). Pose: `pose_mean`, the pose assignment of releases 8.4.180 to
+// 8.4.186, whose step 1 has no level gate and whose overlap for an object with visible keypoints is
+// mean2(box overlap, OKS) instead of the OKS.
 template <typename T>
 struct RuleSet {
   T below, to;
   bool round_trip, classic_ciou;
+  bool pose_mean = false;
 };
 
 template <typename T, typename U>
 LUCID_HD RuleSet<T> rule_as(const RuleSet<U>& r) {
-  return {static_cast<T>(r.below), static_cast<T>(r.to), r.round_trip, r.classic_ciou};
+  return {static_cast<T>(r.below), static_cast<T>(r.to), r.round_trip, r.classic_ciou, r.pose_mean};
 }
 
 // Axis-aligned candidate region: x1 y1 x2 y2 after the centre/size round trip and the small-target side floor.
@@ -393,6 +396,13 @@ LUCID_HD T keypoint_sum(int K, Term term) {
 template <typename T>
 LUCID_HD T oks_mean(T sum, int n_visible) {
   return div(sum, T(n_visible));
+}
+
+// The overlap that averages two (segmentation: box overlap and mask IoU; pose under rule set 8.4.180: box overlap and
+// OKS): (a + b) / 2 in the overlap's dtype.
+template <typename T>
+LUCID_HD T mean2(T a, T b) {
+  return div(add(a, b), T(2));
 }
 
 // ---- segmentation (docs/spec.md, "Segmentation") --------------------------------------------------------------

@@ -162,7 +162,7 @@ def assign(
         backend: "auto", "kernel" or "reference" (see the module docstring).
         rules: the rule set of the peer release to reproduce (docs/spec.md, "Rule sets"): "8.4.144" (the default:
             ultralytics 8.4.144 and later), "8.4.128", "8.4.8", "8.4.0", or "8.0" (8.0 to 8.3: YOLOv8 and YOLO11; no
-            topk2).
+            topk2); for pose also "8.4.180" (8.4.180 to 8.4.186: no level gate, overlap the mean of CIoU and OKS).
 
     Returns:
         ``(target_labels (B, A) int64, target_bboxes (B, A, 4|5), target_scores (B, A, C), fg_mask (B, A) bool,

@@ -43,8 +43,10 @@ def stride_value(stride: Sequence[float]) -> float:
 #   8.4.0    axis-aligned sides below stride[0] raised to stride[1] (oriented boxes: no floor), classic CIoU;
 #   8.4.8    sides of both kinds below stride[0] raised to stride_val, classic CIoU;
 #   8.4.128  sides below stride_val raised to it, classic CIoU;
-#   8.4.144  the same with CIoU's trade-off term rounded as today (ciou).
-RULE_SETS = ("8.0", "8.4.0", "8.4.8", "8.4.128", "8.4.144")
+#   8.4.144  the same with CIoU's trade-off term rounded as today (ciou); pose: the level gate and the OKS (8.4.187 on);
+#   8.4.180  8.4.144 with the pose assignment of 8.4.180 to 8.4.186: no level gate, and the overlap of an object with
+#            visible keypoints the mean of its box overlap and the OKS (pose_mean).
+RULE_SETS = ("8.0", "8.4.0", "8.4.8", "8.4.128", "8.4.144", "8.4.180")
 DEFAULT_RULES = "8.4.144"
 
 
@@ -60,7 +62,7 @@ def region_rule(rules: str, box_dim: int, stride_val: float, first_stride: float
     """Step 1's rule of a rule set for boxes of width ``box_dim``: ``(below, to, round_trip)``, a real object's side
     below ``below`` raised to ``to`` (-inf: no floor); ``round_trip``: an axis-aligned box goes through centre and
     size, else it is tested as given. ``first_stride`` is the trainer's ``stride[0]`` (rule sets 8.4.0 and 8.4.8)."""
-    if rules in ("8.4.128", "8.4.144"):
+    if rules in ("8.4.128", "8.4.144", "8.4.180"):
         return stride_val, stride_val, True
     if rules == "8.0":
         return -math.inf, 0.0, False
@@ -75,7 +77,12 @@ def region_rule(rules: str, box_dim: int, stride_val: float, first_stride: float
 
 def classic_ciou(rules: str) -> bool:
     """Whether step 2's CIoU rounds its trade-off term as the releases before 8.4.144 do (ciou)."""
-    return rules != "8.4.144"
+    return rules not in ("8.4.144", "8.4.180")
+
+
+def pose_mean(rules: str) -> bool:
+    """Whether the pose assignment has no level gate and averages box overlap and OKS (rule set 8.4.180)."""
+    return rules == "8.4.180"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -235,12 +242,14 @@ class PoseInputs:
         self.anc_strides, self.pd_kpts, self.gt_kpts, self.sigmas = anc_strides, pd_kpts, gt_kpts, sigmas
         self.level_range = tuple(level_range)
 
-    def overlaps(self, b, m, a, gt_bboxes, box_overlap, eps):
-        """Step 2's overlap of the pairs (b, m, a): the OKS, or ``box_overlap`` for objects without visible
-        keypoints."""
+    def overlaps(self, b, m, a, gt_bboxes, box_overlap, eps, mean=False):
+        """Step 2's overlap of the pairs (b, m, a): the OKS (``mean``: ``(box_overlap + OKS) / 2``), or
+        ``box_overlap`` for objects without visible keypoints."""
         gk = self.gt_kpts[b, m]
-        oks = keypoint_oks(gt_bboxes[b, m], gk, self.pd_kpts[b, a], self.sigmas, eps)
-        return torch.where((gk[..., 2] > 0).any(-1), oks.to(box_overlap.dtype), box_overlap)
+        oks = keypoint_oks(gt_bboxes[b, m], gk, self.pd_kpts[b, a], self.sigmas, eps).to(box_overlap.dtype)
+        if mean:
+            oks = (box_overlap + oks) / 2
+        return torch.where((gk[..., 2] > 0).any(-1), oks, box_overlap)
 
 
 # Segmentation (docs/spec.md, "Segmentation"): each object's SEG_TOPK_FACTOR * topk best candidate pairs by box
@@ -346,7 +355,7 @@ def box_metrics(
     score = pd_scores[b, a, gt_labels[b, m, 0].long()]
     overlap = pair_overlaps(gt_bboxes[b, m], pd_bboxes[b, a], rules)
     if pose is not None:
-        overlap = pose.overlaps(b, m, a, gt_bboxes, overlap, eps)
+        overlap = pose.overlaps(b, m, a, gt_bboxes, overlap, eps, pose_mean(rules))
     if seg is not None:
         overlap = seg.overlaps(b, m, a, score, overlap, pd_bboxes, shape, alpha, beta, eps)
     overlaps = torch.zeros(shape, dtype=pd_bboxes.dtype, device=pd_bboxes.device)
@@ -478,7 +487,7 @@ def assign(
     # Steps 1-3: candidates, metrics, top-k.
     stride = list(stride)
     inside = points_in_boxes(anc_points, gt_bboxes, mask_gt, stride_value(stride), rules, stride[0])
-    if pose is not None:
+    if pose is not None and not pose_mean(rules):
         inside = level_gate(inside, gt_bboxes, pose.anc_strides, pose.level_range)
     align_metric, overlaps = box_metrics(pd_scores, pd_bboxes, gt_labels, gt_bboxes, inside & valid, alpha, beta,
                                          pose, eps, seg, dense_metrics, rules)

@@ -95,7 +95,10 @@ def main(argv=None) -> int:
         parser.error("--cache: versions need a folder to install them into")
     results = []
     for version in sorted(args.versions, key=_key) or [None]:
-        result = check(install(version, args.cache) if version else None)
+        try:
+            result = check(install(version, args.cache) if version else None)
+        except subprocess.CalledProcessError:
+            result = {"error": f"pip cannot install ultralytics=={version}"}
         results.append((result.get("version", version), result))
         print(f"{results[-1][0]}: {summary(result)}", file=sys.stderr, flush=True)
     print(json.dumps(dict(results), indent=1) if args.json else table(results))

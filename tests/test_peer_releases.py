@@ -29,6 +29,9 @@ RELEASES = {
     "8.4.100": {"TaskAlignedAssigner": "8.4.8", "RotatedTaskAlignedAssigner": "8.4.8"},
     # CIoU's rounding (8.4.128 -> 8.4.144) does not reach oriented boxes
     "8.4.140": {"TaskAlignedAssigner": "8.4.128", "RotatedTaskAlignedAssigner": "8.4.144"},
+    # the first pose assigner (8.4.180-8.4.186): no level gate, the mean of CIoU and OKS
+    "8.4.180": {"TaskAlignedAssigner": "8.4.144", "RotatedTaskAlignedAssigner": "8.4.144",
+                "PoseTaskAlignedAssigner": "8.4.180"},
 }
 
 
@@ -171,8 +174,12 @@ def test_the_rule_sets_differ_where_the_releases_do():
         differ = [not all(torch.equal(x, y) for x, y in zip(outs[r], outs[s]))
                   for r, s in zip(reference.RULE_SETS, reference.RULE_SETS[1:])]
         # HBB: 8.4.0 and 8.4.8 floor axis-aligned boxes alike; OBB: 8.0 and 8.4.0 test oriented boxes alike (no
-        # floor), and CIoU's rounding does not reach them
-        assert differ == ([False, True, True, False] if obb else [True, False, True, True]), (obb, differ)
+        # floor), and CIoU's rounding does not reach them; 8.4.180 differs from 8.4.144 in pose alone
+        assert differ == ([False, True, True, False, False] if obb else [True, False, True, True, False]), (obb, differ)
+    _, inputs, extra, _ = next(b for b in _batches() if b[0] == "pose")
+    outs = {r: reference.assign_pose(*inputs, *extra.values(), topk=10, num_classes=5, alpha=0.5, beta=6.0, rules=r)
+            for r in ("8.4.144", "8.4.180")}
+    assert not torch.equal(outs["8.4.144"][2], outs["8.4.180"][2])
 
 
 def test_unknown_rules_and_a_second_topk_under_8_0_are_refused():
@@ -185,12 +192,12 @@ def test_unknown_rules_and_a_second_topk_under_8_0_are_refused():
 
 
 CUDA_PARITY = """
-import json, sys, warnings
+import inspect, json, sys, warnings
 warnings.simplefilter("ignore")
 import torch
 from lucid_assign import api
 from lucid_assign.integrations import ultralytics as integ
-from lucid_assign.synthetic import check_batch, dota_like_batch
+from lucid_assign.synthetic import check_batch, dota_like_batch, pose_batch
 rules = json.loads(sys.argv[1])
 tal = integ._peer().tal
 bad = []
@@ -208,6 +215,20 @@ for name, obb in (("TaskAlignedAssigner", False), ("RotatedTaskAlignedAssigner",
             theirs = cls(**kw)(*(t.clone() for t in x))
             ours = api.assign(*x, backend="kernel", rules=rules[name], **dict(kw, stride=[8, 16, 32]))
             bad += [f"{name} topk2={topk2} output {i}" for i, (a, t) in enumerate(zip(ours, theirs))
+                    if not torch.equal(a.to(t.dtype), t)]
+if "PoseTaskAlignedAssigner" in rules:
+    cls = tal.PoseTaskAlignedAssigner
+    strides = "anc_strides" in inspect.signature(cls.forward).parameters  # 8.4.187 on
+    for seed in range(3):
+        b = pose_batch(batch=4, img_size=320, objects=(2, 30), seed=seed, device="cuda")
+        x = [b[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")]
+        for topk, topk2 in ((10, None), (7, 1)):
+            kw = dict(topk=topk, topk2=topk2, num_classes=1, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+            theirs = cls(b["sigmas"], **kw)(*(t.clone() for t in x), *([b["anc_strides"]] if strides else []),
+                                            pd_kpts=b["pd_kpts"], gt_kpts=b["gt_kpts"])
+            ours = api.assign_pose(*x, b["anc_strides"], b["pd_kpts"], b["gt_kpts"], b["sigmas"], backend="kernel",
+                                   rules=rules["PoseTaskAlignedAssigner"], **kw)
+            bad += [f"pose seed={seed} topk2={topk2} output {i}" for i, (a, t) in enumerate(zip(ours, theirs))
                     if not torch.equal(a.to(t.dtype), t)]
 print(json.dumps(bad))
 """

@@ -68,10 +68,15 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
                       Regions<T>::make(gt, valid.data_ptr<bool>(), geom::rule_as<T>(rule))};
       P.classic_ciou = rule.classic_ciou;
       if (pose_args != nullptr) {
-        // step 1's gate applies to a row when an anchor inside its region passes it
-        pose.find_gated(B * M, A, P.valid, [&](int64_t row, int64_t a) {
-          return P.regions.contains(row, P.anc[2 * a], P.anc[2 * a + 1]);
-        });
+        // step 1's gate applies to a row when an anchor inside its region passes it (rule set 8.4.180: never)
+        pose.mean = rule.pose_mean;
+        if (pose.mean) {
+          pose.gated.assign(B * M, 0);
+        } else {
+          pose.find_gated(B * M, A, P.valid, [&](int64_t row, int64_t a) {
+            return P.regions.contains(row, P.anc[2 * a], P.anc[2 * a + 1]);
+          });
+        }
         P.pose = &pose;
       }
       SegRows<T> seg;

@@ -18,6 +18,8 @@ namespace cpu {
 template <typename T>
 struct PoseRows {
   int64_t K = 0;
+  // rule set 8.4.180 (geometry.h RuleSet): no level gate, and the overlap is the mean of box overlap and OKS
+  bool mean = false;
   // per row (B*M): the side of the level gate, the OKS scale, the visible keypoints, and whether the gate applies
   // (some anchor inside the row's region passes it; otherwise the row keeps every anchor inside)
   at::Tensor side_h, scale_h, nvis_h, gk_h, pk_h, sig2_h, lo_h, hi_h, smallest_h, largest_h;

@@ -80,7 +80,8 @@ class OverlapBatch {
     if (n == 0) return;
     if (d_ == 4) {
       for (int64_t k = 0; k < n; ++k) {
-        if (pose_ != nullptr && pose_->nvis[gi[k]] > 0) {
+        const bool keypoints = pose_ != nullptr && pose_->nvis[gi[k]] > 0;
+        if (keypoints && !pose_->mean) {
           out[k] = pose_->oks(gi[k], pi[k]);
           continue;
         }
@@ -90,9 +91,10 @@ class OverlapBatch {
             geom::ciou<T>(g[0], g[1], g[2], g[3], p[0], p[1], p[2], p[3], gp_.data[gi[k]], pp_.data[pi[k]],
                           classic_ciou_),
             T(0));
+        if (keypoints) out[k] = geom::mean2(out[k], pose_->oks(gi[k], pi[k]));
         if (seg_ != nullptr) {
           const int64_t a = pi[k] - (gi[k] / seg_->M) * seg_->A;
-          out[k] = geom::div(geom::add(out[k], seg_->mask_iou(gi[k], a)), T(2));
+          out[k] = geom::mean2(out[k], seg_->mask_iou(gi[k], a));
         }
       }
       return;

@@ -254,6 +254,7 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
                       gt_kpts.const_data_ptr<float>(),
                       Float2In{pd_kpts.const_data_ptr(), pd_kpts.scalar_type()},
                       sigmas.const_data_ptr<float>()};
+      pose.mean = rule.pose_mean;
     }
     const Regions<T> regions{reinterpret_cast<geom::HbbRegion<T>*>(w.regions),
                              reinterpret_cast<geom::ObbRegion<T>*>(w.regions)};
@@ -305,7 +306,7 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
                       SegView{}};
       P.classic_ciou = rule.classic_ciou;
       TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
-      if (pose_on) {  // step 1 for pose: which rows the level gate applies to
+      if (pose_on && !pose.mean) {  // step 1 for pose: which rows the level gate applies to
         level_gate_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(P, cells);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }

@@ -91,10 +91,11 @@ struct PoseView {
   const float* gt_kpts;        // (B*M, K, 3) x, y, visibility
   Float2In pd_kpts;            // (B*A, K, 2)
   const float* sigmas;         // (K)
+  bool mean = false;           // rule set 8.4.180 (geometry.h RuleSet): no level gate, overlap mean2(box, OKS)
 
   // The gate of `row`; `decided`: whether it applies is known (level_gate_kernel has run), else it is taken to apply.
   __device__ RowGate gate(int64_t row, bool decided = true) const {
-    if (!on) return RowGate{false, 0.0f, nullptr, 0.0f, 0.0f, 0.0f, 0.0f, stride_type};
+    if (!on || mean) return RowGate{false, 0.0f, nullptr, 0.0f, 0.0f, 0.0f, 0.0f, stride_type};
     return RowGate{!decided || rows[row].gated != 0, rows[row].side, stride, extremes[0], extremes[1], lo, hi,
                    stride_type};
   }

@@ -175,11 +175,13 @@ struct Problem : AssignInputs<S, T> {
                         prep.pvals + p * kBoxValues, D, classic_ciou);
   }
   __device__ T overlap(int64_t row, int64_t p) const {
-    if (pose.on && pose.rows[row].n_visible > 0) return pose.oks(row, p);
+    const bool keypoints = pose.on && pose.rows[row].n_visible > 0;
+    if (keypoints && !pose.mean) return pose.oks(row, p);
     const T o = box_overlap(row, p);
+    if (keypoints) return geom::mean2(o, static_cast<T>(pose.oks(row, p)));
     if (!seg.on) return o;
     const int64_t a = p - (row / this->M) * this->A;
-    return geom::mul(geom::add(o, seg.mask_iou(row, a)), T(0.5));
+    return geom::mean2(o, seg.mask_iou(row, a));
   }
 
   __device__ T align(int64_t row, int64_t p, T o) const {

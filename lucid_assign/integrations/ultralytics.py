@@ -429,8 +429,8 @@ def _first_difference(kw, ours, theirs) -> str | None:
 
 
 def check_peer(tal=None) -> dict:
-    """For each assigner class of the peer's module ``tal``: ``(rules, detail)``, the newest rule set
-    (reference.RULE_SETS) under which lucid-assign's reference gives the class's outputs bit for bit on the built-in
+    """For each assigner class of the peer's module ``tal``: ``(rules, detail)``, the first rule set
+    (reference.RULE_SETS; the default first, then the newest) under which lucid-assign's reference gives the class's outputs bit for bit on the built-in
     batches (the CPU, ties to the lower index), or ``(None, why)`` when none does. Classes the release lacks are
     absent."""
     if tal is None:
@@ -447,8 +447,10 @@ def check_peer(tal=None) -> dict:
             except Exception as exc:  # a release whose class cannot run the built-in batch is left to itself
                 found[name] = None, f"its check raised {type(exc).__name__}: {exc}"
                 continue
-            # the newest rule set first; 8.0 only, and first, for a class without the top-k2 of later releases
-            newer = [r for r in reversed(reference.RULE_SETS) if r != "8.0"]
+            # the default first, then the others newest first; 8.0 only, and first, for a class without the top-k2
+            # of later releases
+            newer = [reference.DEFAULT_RULES,
+                     *(r for r in reversed(reference.RULE_SETS) if r not in ("8.0", reference.DEFAULT_RULES))]
             first = None
             for rules, dense in itertools.product(newer if _takes_topk2(getattr(tal, name)) else ["8.0", *newer],
                                                   (False, True)):
