@@ -1,7 +1,7 @@
 # Sourced by scripts/bench.sh and scripts/test.sh: create or reuse a virtual environment, install torch and the
 # package (compiled in place, so that the source tree imports the built library), and activate the environment.
 #   LUCID_VENV      the environment's folder (default .venv in the repository)
-#   LUCID_TORCH     the torch requirement (default torch==2.14.1)
+#   LUCID_TORCH     the torch requirement(s), separated by spaces (default torch==2.14.1)
 #   PYTHON          the interpreter that creates the environment (default python3)
 # Build knobs (FORCE_CUDA, TORCH_CUDA_ARCH_LIST, MAX_JOBS, CUDA_HOME, DEBUG) pass through to setup.py.
 set -euo pipefail
@@ -13,7 +13,8 @@ fi
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q "${LUCID_TORCH:-torch==2.14.1}" numpy pybind11 ninja "setuptools>=64" wheel "$@"
+read -ra TORCH_REQUIREMENTS <<< "${LUCID_TORCH:-torch==2.14.1}"
+python -m pip install -q "${TORCH_REQUIREMENTS[@]}" numpy pybind11 ninja "setuptools>=64" wheel "$@"
 # --no-build-isolation: the extension must be compiled against the torch installed above (see setup.py).
 python -m pip install -q --no-build-isolation -e .
 python -c "import lucid_assign, torch; b = lucid_assign.backends(); print('lucid-assign built: torch', torch.__version__, '| library loaded:', b['library'], '| CPU ops:', b['cpu_ops'], '| CUDA ops:', b['cuda_ops'], '| GPU visible:', b['cuda_device'])"

@@ -24,6 +24,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_packaging)
 
 
+@pytest.fixture(autouse=True)
+def _default_float_mode():
+    """Each test ends with subnormals kept: older Inductors (torch 2.4) build their CPU kernels with -ffast-math, and
+    loading one sets flush-to-zero in the thread that loads it, which would then round that thread's work, and not the
+    other threads', differently in the tests after it."""
+    yield
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="session")
 def library():
     """The compiled library; skipped (or failed, with LUCID_REQUIRE_EXT=1) when it is not loaded."""

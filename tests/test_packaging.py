@@ -5,15 +5,18 @@ run only with LUCID_TEST_PACKAGING=1 (CI sets it); they need pip to reach the pa
 - the sdist holds every C++/CUDA source and header and every module, whatever machine built it (it is built in an
   isolated environment without torch);
 - the wheel (scripts/build_wheel.sh, against the torch running these tests) says what it was built for in its
-  version, holds every subpackage and the compiled library, and, installed with its torch into a fresh environment,
-  passes `lucid-assign doctor`, imports the integration and trains one patched step with the kernel;
-- the sdist installed with plain `pip install` into a fresh environment that has another torch (2.13.0, CPU) builds
-  against that torch; the wheel built for this torch, forced into that environment, is reported at import with the
-  reason and the fix, and doctor shows both.
+  version, has auditwheel's manylinux tag without torch's libraries inside, holds every subpackage and the compiled
+  library, and, installed from the find-links page (scripts/wheel_index.py) with its torch into a fresh environment,
+  is the wheel pip takes, passes `lucid-assign doctor`, imports the integration and trains one patched step with the
+  kernel;
+- from the same page, into a fresh environment that has another torch (2.13.0, CPU), for which it holds no wheel,
+  pip takes the sdist and builds it against that torch; the wheel built for this torch, forced into that environment,
+  is reported at import with the reason and the fix, and doctor shows both.
 """
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,8 +119,11 @@ def test_wheel_names_what_it_was_built_for(dist):
     major, minor = torch.__version__.split("+")[0].split(".")[:2]
     tag = f"pt{major}{minor}" + ("cu" + torch.version.cuda.replace(".", "") if _built_with_cuda() else "cpu")
     name = os.path.basename(wheel)
-    assert name.startswith("lucid_assign-0.2.0+" + tag + "-") and name.endswith("-cp310-abi3-linux_x86_64.whl"), name
+    assert name.startswith("lucid_assign-0.2.0+" + tag + "-"), name
+    assert re.search(r"-cp310-abi3-manylinux_2_\d+_x86_64\.whl$", name), name
     files = set(zipfile.ZipFile(wheel).namelist())
+    grafted = [f for f in files if ".libs/" in f]
+    assert not any(lib in f for f in grafted for lib in ("libtorch", "libc10", "libgomp", "libcudart")), grafted
     for must in ("lucid_assign/_C.abi3.so", "lucid_assign/_build_info.py", "lucid_assign/integrations/__init__.py",
                  "lucid_assign/integrations/ultralytics.py", "lucid_assign/api.py", "lucid_assign/reference.py"):
         assert must in files, must
@@ -151,12 +157,34 @@ print("ASSIGNERS", sorted({type(p.assigner).__name__ for p in (crit.one2many, cr
 """
 
 
-def test_wheel_in_a_fresh_environment(dist, fresh_venv, tmp_path):
-    """The wheel with its torch (and the peer, to train a step) in a fresh environment, run outside any source tree."""
+def _from_page(python, page, torch_version, cwd, *more, env=None):
+    """pip install lucid-assign from the find-links page, with the environment's torch pinned (README); returns the
+    version pip installed."""
+    run([python, "-m", "pip", "install", "-q", "--no-cache-dir", "lucid-assign", f"torch=={torch_version}",
+         "--find-links", str(page / "index.html"), *more], cwd=cwd, env=env or clean_env())
+    return run([python, "-c", "import importlib.metadata as m; print(m.version('lucid-assign'))"], cwd=cwd,
+               env=clean_env()).stdout.strip()
+
+
+@pytest.fixture
+def page(dist, tmp_path):
+    """The find-links page of dist's wheel and sdist (scripts/wheel_index.py), in tmp_path/page."""
+    folder = tmp_path / "page"
+    folder.mkdir()
+    for f in dist:
+        shutil.copy2(f, folder)
+    run([sys.executable, os.path.join(ROOT, "scripts", "wheel_index.py"), str(folder)], cwd=tmp_path)
+    return folder
+
+
+def test_wheel_in_a_fresh_environment(dist, page, fresh_venv, tmp_path):
+    """The wheel with its torch (and the peer, to train a step) in a fresh environment, run outside any source tree:
+    installed from the find-links page, it is the wheel pip takes."""
     _, wheel = dist
-    python = fresh_venv(f"torch=={torch.__version__.split('+')[0]}")
-    run([python, "-m", "pip", "install", "-q", "--no-cache-dir", wheel, "ultralytics==8.4.190", "cloudpickle>=3.1.1"],
-        cwd=tmp_path, env=clean_env())
+    version = torch.__version__.split("+")[0]
+    python = fresh_venv(f"torch=={version}")
+    got = _from_page(python, page, version, tmp_path, "ultralytics==8.4.190", "cloudpickle>=3.1.1")
+    assert got == os.path.basename(wheel).split("-")[1], (got, wheel)
     doctor = run([str(tmp_path / "venv" / "bin" / "lucid-assign"), "doctor"], cwd=tmp_path, env=clean_env()).stdout
     assert "compiled library: loaded (lucid_assign._C)" in doctor and "all checks passed" in doctor, doctor
     assert f"built with torch {torch.__version__}" in doctor, doctor
@@ -166,15 +194,16 @@ def test_wheel_in_a_fresh_environment(dist, fresh_venv, tmp_path):
     assert "ASSIGNERS ['LucidRotatedTaskAlignedAssigner']" in step, step
 
 
-def test_sdist_builds_against_the_torch_of_the_environment(dist, fresh_venv, tmp_path):
-    """Plain `pip install` of the sdist (build isolation on) into an environment with another torch builds against
-    that torch; the wheel built for the tests' torch, forced into it, is refused at import with the reason and the
-    fix."""
+def test_sdist_builds_against_the_torch_of_the_environment(dist, page, fresh_venv, tmp_path):
+    """From the page, into an environment with a torch it has no wheel for, pip takes the sdist and builds it (build
+    isolation on) against that torch; the wheel built for the tests' torch, forced into it, is refused at import with
+    the reason and the fix."""
     sdist, wheel = dist
     python = fresh_venv(OTHER_TORCH)
     other = run([python, "-c", "import torch; print(torch.__version__)"], cwd=tmp_path, env=clean_env()).stdout.strip()
-    run([python, "-m", "pip", "install", "-q", "--no-cache-dir", sdist], cwd=tmp_path,
-        env=clean_env(FORCE_CUDA="0", MAX_JOBS=os.environ.get("MAX_JOBS", "2")))
+    got = _from_page(python, page, other.split("+")[0], tmp_path,
+                     env=clean_env(FORCE_CUDA="0", MAX_JOBS=os.environ.get("MAX_JOBS", "2")))
+    assert got == os.path.basename(sdist)[len("lucid_assign-"):-len(".tar.gz")], got
     doctor = run([python, "-m", "lucid_assign", "doctor"], cwd=tmp_path, env=clean_env()).stdout
     assert f"built with torch {other}" in doctor and "compiled library: loaded" in doctor, doctor
     assert "all checks passed" in doctor, doctor
