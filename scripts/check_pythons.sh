@@ -12,7 +12,7 @@ PYTHONS="${3:-python3.10 python3.11 python3.12 python3.13}"
 export PIP_CONSTRAINT=/dev/null
 status=0
 for py in $PYTHONS; do
-  env="build/python-check/$py"
+  env="build/python-check/$(basename "$py")"
   rm -rf "$env"
   "$py" -m venv "$env"
   "$env/bin/python" -m pip install -q "torch==$TORCH" lucid-assign --find-links "$DIR/index.html"
