@@ -430,9 +430,9 @@ def _first_difference(kw, ours, theirs) -> str | None:
 
 def check_peer(tal=None) -> dict:
     """For each assigner class of the peer's module ``tal``: ``(rules, detail)``, the first rule set
-    (reference.RULE_SETS; the default first, then the newest) under which lucid-assign's reference gives the class's outputs bit for bit on the built-in
-    batches (the CPU, ties to the lower index), or ``(None, why)`` when none does. Classes the release lacks are
-    absent."""
+    (reference.RULE_SETS; the default first, then the newest) under which lucid-assign's reference gives the class's
+    outputs bit for bit on the built-in batches (the CPU, ties to the lower index), or ``(None, why)`` when none does.
+    Classes the release lacks are absent."""
     if tal is None:
         tal = _peer().tal
     found = {}
