@@ -17,7 +17,10 @@ MINOR=$(echo "$VERSION" | cut -d. -f2)
 DIR="build/torch-$VERSION"
 rm -rf "$DIR/src"
 mkdir -p "$DIR/src"
-git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$DIR/src"
+# the files a fresh clone would have, as they are in this tree (a tracked file deleted here is left out)
+git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+  if [ -f "$f" ]; then cp --parents "$f" "$DIR/src"; fi
+done
 export PIP_CONSTRAINT=/dev/null FORCE_CUDA="${FORCE_CUDA:-0}"
 TORCH_REQS="torch==$VERSION"
 PEER=()
