@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "geometry.h"
 
@@ -39,6 +40,52 @@ LUCID_HD bool ranks_before(T v, int64_t i, T w, int64_t j) {
   if (v != w) return v > w;
   return i < j;
 }
+
+// ranks_before as unsigned integers, for the CUDA passes (integer atomicMax and radix selection, whose results do not
+// depend on the order of the offers). order_key(v) > order_key(w) exactly when v ranks before w by value, and the
+// keys are equal when the values tie: every NaN the largest key, -0 and +0 one key (kZeroKey), denormals and
+// infinities in their place. No float gets key 0, which the passes use as "below every number".
+constexpr uint32_t kNanKey = 0xFFFFFFFFu;
+constexpr uint32_t kZeroKey = 0x80000000u;
+
+LUCID_HD uint32_t float_bits(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(v);
+#else
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+#endif
+}
+LUCID_HD float bits_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+#endif
+}
+
+LUCID_HD uint32_t order_key(float v) {
+  if (geom::isnan_(v)) return kNanKey;
+  if (v == 0.0f) return kZeroKey;
+  const uint32_t bits = float_bits(v);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+// The value of a key: order_key(key_value(order_key(v))) == order_key(v); NaN for kNanKey, +0 for kZeroKey.
+LUCID_HD float key_value(uint32_t k) {
+  if (k == kNanKey) return bits_float(0x7fc00000u);
+  return bits_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+// A value with its row (< 2^32) as one key: larger exactly when ranks_before(v, row, w, other_row), so the largest
+// key of an anchor's offers (integer atomicMax) is its first maximum (FirstMax).
+LUCID_HD uint64_t row_key(float v, uint32_t row) {
+  return (static_cast<uint64_t>(order_key(v)) << 32) | (0xFFFFFFFFu - row);
+}
+LUCID_HD uint32_t row_of_key(uint64_t key) { return 0xFFFFFFFFu - static_cast<uint32_t>(key & 0xFFFFFFFFu); }
+LUCID_HD uint32_t value_key_of(uint64_t key) { return static_cast<uint32_t>(key >> 32); }
 
 // The first maximum of values offered with their indices, in any order (argmax with NaN as the maximum).
 template <typename T>

@@ -17,6 +17,7 @@
 
 #include "assign_io.h"
 #include "checks.h"
+#include "entries.h"
 #include "cpu/candidate_topk.h"
 #include "cpu/conflicts.h"
 #include "cpu/problem.h"
@@ -27,12 +28,11 @@ namespace lucid {
 namespace cpu {
 namespace {
 
-using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
 Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
              const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
              int64_t topk2, int64_t num_classes, double alpha, double beta, double eps,
-             const geom::RuleSet<double>& rule, const PoseArgs* pose_args, const SegArgs* seg_args) {
+             const geom::RuleSet<double>& rule, const PoseArgs* pose_args, const SegArgs* seg_args,
+             const AutocastDtype& /*autocast_dtype: CPU autocast changes nothing here (amp.h); seg_args has it*/) {
   const int64_t B = d.B, A = d.A, C = d.C, M = d.M, D = d.D;
   const auto box_t = gt_bboxes.scalar_type();
   const auto out = AssignOutputs::make(d, pd_scores.options(), box_t, num_classes, /*zero_scores=*/true);
@@ -103,54 +103,9 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
   return out.tuple();
 }
 
-Outputs5 assign_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                    const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
-                    int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
-                    c10::string_view rules, std::optional<double> first_stride,
-                    AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
-  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val, eps);
-  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, nullptr);
-}
-
-Outputs5 assign_pose_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                         const at::Tensor& anc_strides, const at::Tensor& pd_kpts, const at::Tensor& gt_kpts,
-                         const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                         double beta, double eps, double stride_val, double level_lo, double level_hi,
-                         c10::string_view rules, std::optional<double> first_stride,
-                         AutocastDtype /*autocast_dtype: CPU autocast changes nothing here (amp.h)*/) {
-  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val, eps);
-  const int64_t K =
-      check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
-  const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
-  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, rule_set(rules, d.D, stride_val, first_stride), &pose, nullptr);
-}
-
-Outputs5 assign_seg_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                        const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                        const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
-                        const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                        double beta, double eps, double stride_val, c10::string_view rules,
-                        std::optional<double> first_stride, AutocastDtype autocast_dtype) {
-  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val, eps);
-  check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
-  const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A), autocast_dtype};
-  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, &seg);
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CPU, m) {
-  m.impl("assign", &assign_cpu);
-  m.impl("assign_pose", &assign_pose_cpu);
-  m.impl("assign_seg", &assign_seg_cpu);
-}
+TORCH_LIBRARY_IMPL(lucid, CPU, m) { Entries<run>::register_in(m); }
 
 }  // namespace cpu
 }  // namespace lucid

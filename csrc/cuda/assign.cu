@@ -78,13 +78,12 @@
 #include "cuda/seg_masks.cuh"
 #include "cuda/targets.cuh"
 #include "cuda/workspace.cuh"
+#include "entries.h"
 #include "mask_decode.h"
 
 namespace lucid {
 namespace gpu {
 namespace {
-
-using Outputs5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // The event that marks the end of the copy of the counts, one per device for each host thread (made once, reused).
 cudaEvent_t counts_copied_event() {
@@ -197,6 +196,11 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
   TORCH_CHECK(A < std::numeric_limits<int32_t>::max() / 2, "lucid.assign: too many anchors (", A, ")");
   TORCH_CHECK(topk < std::numeric_limits<int32_t>::max() && topk2 < std::numeric_limits<int32_t>::max(),
               "topk and topk2 must fit in 32 bits");
+  if (seg_args != nullptr) {  // the pieces of the chosen pairs are indexed in 32 bits (seg_masks.cuh)
+    TORCH_CHECK(B * M * seg_args->k3 < std::numeric_limits<int32_t>::max() / kMaxPieces,
+                "lucid.assign_seg on CUDA: too many pair slots (B x M x min(3 * topk, A) = ", B, " x ", M, " x ",
+                seg_args->k3, "; at most ", std::numeric_limits<int32_t>::max() / kMaxPieces, ")");
+  }
   const auto box_t = gt_bboxes.scalar_type();
   const auto opts = pd_scores.options();
   const auto result = AssignOutputs::make(d, opts, box_t, num_classes, /*zero_scores=*/false);
@@ -400,56 +404,9 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
   return result.tuple();
 }
 
-Outputs5 assign_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                     const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk,
-                     int64_t topk2, int64_t num_classes, double alpha, double beta, double eps, double stride_val,
-                     c10::string_view rules, std::optional<double> first_stride, AutocastDtype autocast_dtype) {
-  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val, eps);
-  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, nullptr, autocast_dtype);
-}
-
-Outputs5 assign_pose_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                          const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                          const at::Tensor& anc_strides, const at::Tensor& pd_kpts, const at::Tensor& gt_kpts,
-                          const at::Tensor& sigmas, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                          double beta, double eps, double stride_val, double level_lo, double level_hi,
-                          c10::string_view rules, std::optional<double> first_stride, AutocastDtype autocast_dtype) {
-  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val, eps);
-  const int64_t K =
-      check_assign_pose_args(d, pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_lo, level_hi);
-  const PoseArgs pose{anc_strides, pd_kpts, gt_kpts, sigmas, K, level_lo, level_hi};
-  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, rule_set(rules, d.D, stride_val, first_stride), &pose, nullptr, autocast_dtype);
-}
-
-Outputs5 assign_seg_cuda(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& anc_points,
-                         const at::Tensor& gt_labels, const at::Tensor& gt_bboxes, const at::Tensor& mask_gt,
-                         const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
-                         const at::Tensor& gt_masks, int64_t topk, int64_t topk2, int64_t num_classes, double alpha,
-                         double beta, double eps, double stride_val, c10::string_view rules,
-                         std::optional<double> first_stride, AutocastDtype autocast_dtype) {
-  const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                       num_classes, stride_val, eps);
-  check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
-  const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A), autocast_dtype};
-  // the pieces of the chosen pairs are indexed in 32 bits (seg_masks.cuh)
-  TORCH_CHECK(d.B * d.M * seg.k3 < std::numeric_limits<int32_t>::max() / kMaxPieces,
-              "lucid.assign_seg on CUDA: too many pair slots (B x M x min(3 * topk, A) = ", d.B, " x ", d.M, " x ",
-              seg.k3, "; at most ", std::numeric_limits<int32_t>::max() / kMaxPieces, ")");
-  return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha, beta,
-             eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, &seg, autocast_dtype);
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CUDA, m) {
-  m.impl("assign", &assign_cuda);
-  m.impl("assign_pose", &assign_pose_cuda);
-  m.impl("assign_seg", &assign_seg_cuda);
-}
+TORCH_LIBRARY_IMPL(lucid, CUDA, m) { Entries<run>::register_in(m); }
 
 }  // namespace gpu
 }  // namespace lucid

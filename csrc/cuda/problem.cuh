@@ -17,20 +17,8 @@
 namespace lucid {
 namespace gpu {
 
-constexpr uint32_t kZeroKey = 0x80000000u;
-
-// Order-preserving key of a metric: larger key = ranks first. NaN ranks above every number; -0 ties with +0.
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (v != v) return 0xFFFFFFFFu;
-  if (v == 0.0f) return kZeroKey;
-  const uint32_t bits = __float_as_uint(v);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-__device__ __forceinline__ float key_to_float(uint32_t k) {
-  if (k == 0xFFFFFFFFu) return __int_as_float(0x7fc00000);
-  const uint32_t bits = (k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k;
-  return __uint_as_float(bits);
-}
+using rules::kZeroKey;
+using rules::order_key;
 
 template <typename T>
 struct Entry {
@@ -81,16 +69,15 @@ struct FirstRows {
   unsigned long long* key;  // (B*A), 0 until a candidate pair offers
   int64_t A, M;
   __device__ void offer(int64_t row, int32_t anchor, float overlap) const {
-    const uint32_t m = static_cast<uint32_t>(row % M);
     atomicMax(&key[(row / M) * A + anchor],
-              (static_cast<unsigned long long>(order_key(overlap)) << 32) | (0xFFFFFFFFu - m));
+              static_cast<unsigned long long>(rules::row_key(overlap, static_cast<uint32_t>(row % M))));
   }
   // The owner m of anchor p = b*A + a, from at least one offer. When the largest overlap is 0, every one of the M
   // rows has overlap 0 (the candidates' are clamped at 0, the others count 0), so the first maximum is row 0.
   __device__ int64_t first_row(int64_t p) const {
-    const unsigned long long k = key[p];
-    if (static_cast<uint32_t>(k >> 32) == kZeroKey) return 0;
-    return 0xFFFFFFFFu - static_cast<uint32_t>(k & 0xFFFFFFFFull);
+    const uint64_t k = key[p];
+    if (rules::value_key_of(k) == kZeroKey) return 0;
+    return rules::row_of_key(k);
   }
 };
 

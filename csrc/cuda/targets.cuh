@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(kThreads) targets_kernel(const TargetArgs<T> o
     if (fg) {
       // maxima over the row: the owned anchors, and 0 from the others when the row does not own all A
       const bool owns_all = o.stats.owned[row] >= o.A;
-      const T pa = rules::row_max(static_cast<T>(key_to_float(o.stats.best_align[row])), owns_all);
-      const T po = rules::row_max(static_cast<T>(key_to_float(o.stats.best_ov[row])), owns_all);
+      const T pa = rules::row_max(static_cast<T>(rules::key_value(o.stats.best_align[row])), owns_all);
+      const T po = rules::row_max(static_cast<T>(rules::key_value(o.stats.best_ov[row])), owns_all);
       norm = rules::normalised(o.own_align[i], pa, po, o.eps, o.M > 1);
     }
   }
