@@ -23,63 +23,22 @@ namespace lucid {
 namespace geom {
 
 // ---- separately rounded arithmetic ----------------------------------------------------------------------------
-LUCID_HD float add(float a, float b) {
+// add, sub, mul and div of two floats or two doubles, each rounded on its own: on the device by the __f*_rn /
+// __d*_rn intrinsics, which nvcc never contracts into a fused multiply-add.
 #if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
+#define LUCID_ROUNDED(name, op, float_rn, double_rn)                        \
+  LUCID_HD float name(float a, float b) { return float_rn(a, b); }        \
+  LUCID_HD double name(double a, double b) { return double_rn(a, b); }
 #else
-  return a + b;
+#define LUCID_ROUNDED(name, op, float_rn, double_rn)                        \
+  LUCID_HD float name(float a, float b) { return a op b; }                \
+  LUCID_HD double name(double a, double b) { return a op b; }
 #endif
-}
-LUCID_HD float sub(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-LUCID_HD float mul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-LUCID_HD double add(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-LUCID_HD double sub(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-LUCID_HD double mul(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-LUCID_HD float div(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-LUCID_HD double div(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+LUCID_ROUNDED(add, +, __fadd_rn, __dadd_rn)
+LUCID_ROUNDED(sub, -, __fsub_rn, __dsub_rn)
+LUCID_ROUNDED(mul, *, __fmul_rn, __dmul_rn)
+LUCID_ROUNDED(div, /, __fdiv_rn, __ddiv_rn)
+#undef LUCID_ROUNDED
 
 // Math functions of the backend's library: CUDA's on the device, the C library's on the host.
 LUCID_HD float sqrt_(float x) {
