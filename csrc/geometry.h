@@ -351,6 +351,12 @@ LUCID_HD T keypoint_sum(int K, Term term) {
   return lane[0];
 }
 
+// One keypoint's OKS term: exp of its exponent times its visibility (1 when v > 0, else 0; a NaN term stays NaN).
+template <typename T>
+LUCID_HD T oks_term(T px, T py, T gx, T gy, T visibility, T sigma2, T scale) {
+  return mul(exp_(oks_exponent<T>(px, py, gx, gy, sigma2, scale)), visibility > T(0) ? T(1) : T(0));
+}
+
 // The OKS of a pair from its sum over the visible keypoints: the mean over the n visible ones (n >= 1).
 template <typename T>
 LUCID_HD T oks_mean(T sum, int n_visible) {

@@ -29,6 +29,13 @@ LUCID_HD T align_metric(S s, T overlap, double alpha, double beta, bool pow_in_f
   return geom::mul(score_pow<S, T>(s, alpha, pow_in_float32), geom::pow_scalar(overlap, beta));
 }
 
+// Segmentation: the metric by which each object's pairs that get a mask IoU are chosen (its min(3K, A) best), the
+// pair's box metric plus eps.
+template <typename T>
+LUCID_HD T mask_choice_metric(T box_align, T eps) {
+  return geom::add(box_align, eps);
+}
+
 // ---- steps 3-5, ranking ----------------------------------------------------------------------------------------
 // Whether value v at index i ranks before value w at index j: the larger first, NaN above every number (NaNs tie
 // with each other), ties to the lower index. The order of both top-k selections (steps 3 and 5), and the first
@@ -114,6 +121,15 @@ LUCID_HD void resolve_anchor(const bool* mask, const T* overlaps, int64_t M, int
   for (int64_t m = 0; m < M; ++m) out[m * stride] = m == best.index;
 }
 
+// ---- step 5, non-finite metrics -----------------------------------------------------------------------------
+// In the dense form a row's second top-k ranks align * (owned) over all A anchors, so a candidate pair the row does
+// not own stands in as align * 0: NaN when its metric is not finite, which then takes a place in the selection
+// without being kept. The pair's stand-in value; it takes part exactly when that is NaN.
+template <typename T>
+LUCID_HD T unowned_stand_in(T align) {
+  return geom::mul(align, T(0));
+}
+
 // ---- step 6, normalised scores ---------------------------------------------------------------------------------
 // A row's maximum (of metric or overlap) over all A anchors from its maximum over the anchors it owns: the anchors
 // it does not own count 0.
@@ -134,6 +150,20 @@ LUCID_HD T normalised(T align, T pa, T po, T eps, bool several_rows) {
 template <typename T>
 LUCID_HD T off_label_score(T norm) {
   return geom::mul(T(0), norm);
+}
+
+// One anchor's targets: its owner's row, or row 0 of its image when it is background (owner < 0); the label of that
+// row, a negative label (a padding row's) read as 0; its normalised metric (norm: 0 for background, NaN when its image
+// is poisoned) in the label's class when it is foreground, off_label_score(norm) in every other class.
+LUCID_HD int64_t target_row(int64_t owner) { return owner >= 0 ? owner : 0; }
+LUCID_HD int64_t target_label(int64_t label) { return label < 0 ? 0 : label; }
+template <typename T>
+LUCID_HD T poisoned_norm() {
+  return static_cast<T>(bits_float(0x7fc00000u));  // a quiet NaN
+}
+template <typename T>
+LUCID_HD T class_score(bool fg, bool label_class, T norm) {
+  return fg && label_class ? norm : off_label_score(norm);
 }
 
 // Non-finite metrics. In the dense form of step 6 the metric and overlap of every candidate pair are multiplied by

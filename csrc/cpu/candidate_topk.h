@@ -75,7 +75,7 @@ void choose_mask_pairs(const Problem<S, T>& P, SegRows<T>& seg) {
   scan_rows(
       P, [&] { return P.box_overlap_batch(); }, seg.K3,
       [&](int64_t row, int64_t b, int64_t pred, T overlap) {
-        return Entry<T>{geom::add(P.align(row, pred, overlap), P.eps), overlap, pred - b * A};
+        return Entry<T>{rules::mask_choice_metric(P.align(row, pred, overlap), P.eps), overlap, pred - b * A};
       },
       [&](int64_t row, RowTopK<T>& top) {
         int64_t* out = seg.anchors.data() + row * seg.K3;

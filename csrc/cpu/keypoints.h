@@ -94,8 +94,7 @@ struct PoseRows {
     const float* p = pk + pred * K * 2;
     const T s = scale[row];
     const T sum = geom::keypoint_sum<T>(static_cast<int>(K), [&](int k) {
-      const T e = geom::exp_(geom::oks_exponent<T>(T(p[2 * k]), T(p[2 * k + 1]), g[3 * k], g[3 * k + 1], sig2[k], s));
-      return geom::mul(e, g[3 * k + 2] > T(0) ? T(1) : T(0));
+      return geom::oks_term<T>(T(p[2 * k]), T(p[2 * k + 1]), g[3 * k], g[3 * k + 1], g[3 * k + 2], sig2[k], s);
     });
     return geom::oks_mean(sum, static_cast<int>(nvis[row]));
   }

@@ -35,8 +35,7 @@ void second_topk(const Problem<S, T>& P, Workspace<T>& w) {
         RowTopK<T> top(P.K2);
         auto offer_owned = [&](int64_t a) { top.offer({w.own_align[b * A + a], w.own_ov[b * A + a], a}); };
         if (w.nan_seen[row] || w.inf_cand[row]) {
-          // the row's other candidates whose metric is not finite rank as NaN (align * 0 in the dense form): they
-          // take places in the selection without being kept
+          // the row's other candidates whose metric is not finite stand in as NaN (rules::unowned_stand_in)
           std::vector<Entry<T>> extra;
           auto batch = P.overlap_batch();
           for (int64_t a = 0; a < A; ++a) {
@@ -44,8 +43,8 @@ void second_topk(const Problem<S, T>& P, Workspace<T>& w) {
             const int64_t pred = b * A + a;
             T o;
             batch.run(&row, &pred, 1, &o);
-            const T al = P.align(row, pred, o);
-            if (!std::isfinite(al)) extra.push_back({std::numeric_limits<T>::quiet_NaN(), o, a, /*kept=*/false});
+            const T v = rules::unowned_stand_in(P.align(row, pred, o));
+            if (geom::isnan_(v)) extra.push_back({v, o, a, /*kept=*/false});
           }
           auto it = extra.begin();
           for (int64_t j = start[m]; j < start[m + 1]; ++j) {

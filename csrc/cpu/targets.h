@@ -58,23 +58,24 @@ void targets(const Problem<S, T>& P, const Workspace<T>& w, const Outputs<T>& ou
       const int64_t b = i / A;
       const int64_t m = w.owner[i];
       const bool fg = m >= 0;
-      const int64_t idx = fg ? m : 0;
+      const int64_t idx = rules::target_row(m);
       const int64_t row = b * M + idx;
-      const int64_t label = std::max<int64_t>(P.labels[row], 0);
+      const int64_t label = rules::target_label(P.labels[row]);
       out.fg[i] = fg;
       out.idx[i] = idx;
       out.labels[i] = label;
       for (int64_t d = 0; d < D; ++d) out.boxes[i * D + d] = P.gt[row * D + d];
       T norm = T(0);
       if (poisoned[b]) {
-        norm = std::numeric_limits<T>::quiet_NaN();
+        norm = rules::poisoned_norm<T>();
       } else if (fg) {
         norm = rules::normalised(w.own_align[i], best_align[row], best_ov[row], P.eps, M > 1);
       }
       if (!std::isfinite(norm)) {  // else the zeros already there (0 * norm is 0 or -0)
-        for (int64_t c = 0; c < C; ++c) out.scores[i * C + c] = rules::off_label_score(norm);
+        for (int64_t c = 0; c < C; ++c) out.scores[i * C + c] = rules::class_score(fg, c == label, norm);
+      } else if (fg) {
+        out.scores[i * C + label] = rules::class_score(fg, true, norm);
       }
-      if (fg) out.scores[i * C + label] = norm;
     }
   });
 }

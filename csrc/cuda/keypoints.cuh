@@ -107,9 +107,8 @@ struct PoseView {
     const float scale = rows[row].scale;
     const float sum = geom::keypoint_sum<float>(K, [&](int k) {
       const float2 q = pd_kpts.load(p * K + k);
-      const float e = geom::exp_(geom::oks_exponent<float>(q.x, q.y, __ldg(g + 3 * k), __ldg(g + 3 * k + 1),
-                                                           geom::oks_sigma2(__ldg(sigmas + k)), scale));
-      return geom::mul(e, __ldg(g + 3 * k + 2) > 0.0f ? 1.0f : 0.0f);
+      return geom::oks_term<float>(q.x, q.y, __ldg(g + 3 * k), __ldg(g + 3 * k + 1), __ldg(g + 3 * k + 2),
+                                   geom::oks_sigma2(__ldg(sigmas + k)), scale);
     });
     return geom::oks_mean(sum, rows[row].n_visible);
   }

@@ -186,7 +186,7 @@ struct Problem : AssignInputs<S, T> {
   // Segmentation: the entry by which the pairs that get a mask IoU are chosen, the box metric plus eps.
   __device__ Entry<T> box_entry(int64_t row, int64_t b, int64_t a) const {
     const T o = box_overlap(row, b * this->A + a);
-    const T m = geom::add(align(row, b * this->A + a, o), this->eps);
+    const T m = rules::mask_choice_metric(align(row, b * this->A + a, o), this->eps);
     return {m, o, static_cast<int32_t>(a), order_key(m)};
   }
 };

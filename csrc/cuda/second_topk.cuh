@@ -13,8 +13,7 @@ namespace lucid {
 namespace gpu {
 
 // Source over the anchors a row owns. With `P` (a row with non-finite metrics), the row's other candidates whose
-// metric is not finite take part too, as NaN (align * 0 in the dense form): they take places in the selection
-// without being kept.
+// metric is not finite take part too, as NaN (rules::unowned_stand_in).
 template <typename S, typename T>
 struct OwnedSource {
   const int64_t* owner;  // (A) of this image
@@ -31,9 +30,9 @@ struct OwnedSource {
     }
     if (P == nullptr || !P->candidate(row, a)) return false;
     const Entry<T> full = P->entry(row, b, a);
-    if (isfinite(full.align)) return false;
-    const T nan = __int_as_float(0x7fc00000);
-    e = {nan, full.overlap, static_cast<int32_t>(a), order_key(nan)};
+    const T v = rules::unowned_stand_in(full.align);
+    if (!geom::isnan_(v)) return false;
+    e = {v, full.overlap, static_cast<int32_t>(a), order_key(v)};
     return true;
   }
 };

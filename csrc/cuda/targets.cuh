@@ -54,11 +54,11 @@ __global__ void __launch_bounds__(kThreads) targets_kernel(const TargetArgs<T> o
     int64_t m = o.owner[i];
     if (m >= 0 && o.keep != nullptr && !o.keep[i]) m = -1;
     fg = m >= 0;
-    const int64_t idx = fg ? m : 0;
+    const int64_t idx = rules::target_row(m);
     row = b * o.M + idx;
     o.out_fg[i] = fg;
     o.out_idx[i] = idx;
-    const int64_t label = o.labels[row] < 0 ? 0 : o.labels[row];
+    const int64_t label = rules::target_label(o.labels[row]);
     o.out_labels[i] = label;
     s_label[threadIdx.x] = label;
     s_fg[threadIdx.x] = fg;
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads) targets_kernel(const TargetArgs<T> o
   }
   __syncthreads();
   if (threadIdx.x < n_here) {
-    if (s_poisoned[b - b0]) norm = __int_as_float(0x7fc00000);
+    if (s_poisoned[b - b0]) norm = rules::poisoned_norm<T>();
     s_norm[threadIdx.x] = norm;
   }
   __syncthreads();
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads) targets_kernel(const TargetArgs<T> o
   const I C = static_cast<I>(o.C), total = static_cast<I>(n_here) * C;
   T* scores = o.out_scores + i0 * o.C;
   auto score = [&](I li, I c) {
-    return (s_fg[li] && s_label[li] == c) ? s_norm[li] : rules::off_label_score(s_norm[li]);
+    return rules::class_score(s_fg[li], s_label[li] == c, s_norm[li]);
   };
   const bool vec = reinterpret_cast<uintptr_t>(scores) % sizeof(float4) == 0;
   const I n4 = vec ? total / 4 : 0;
