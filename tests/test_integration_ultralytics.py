@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -189,6 +190,31 @@ def test_patch_refuses_an_unknown_backend(integ):
 
 def test_the_self_check_passes_against_the_installed_peer(integ, peer_tal):
     assert integ.self_check(peer_tal) is None
+
+
+def test_the_self_check_changes_topk_in_its_own_thread_only(integ, peer_tal, monkeypatch):
+    """While the peer's assigner runs for the self-check, its top-k breaks ties to the lower index in that thread, and
+    torch, the peer's module and every other thread keep torch's own top-k."""
+    method, ties = torch.Tensor.topk, torch.zeros(1, 6)
+    native = {}
+    thread = threading.Thread(target=lambda: native.update(idx=ties.topk(3).indices))
+    thread.start()
+    thread.join()
+    seen = []
+    forward = peer_tal.TaskAlignedAssigner.forward
+
+    def spy(self, *args, **kwargs):
+        other = {}
+        thread = threading.Thread(target=lambda: other.update(idx=ties.topk(3).indices))
+        thread.start()
+        thread.join()
+        seen.append((torch.Tensor.topk is method, peer_tal.torch is torch, torch.equal(other["idx"], native["idx"]),
+                     ties.topk(3).indices.tolist()))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(peer_tal.TaskAlignedAssigner, "forward", spy)
+    integ.check_peer(peer_tal)
+    assert seen and all(s == (True, True, True, [[0, 1, 2]]) for s in seen), seen
 
 
 def test_the_check_batch_reaches_every_rare_rule():

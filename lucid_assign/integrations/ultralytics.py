@@ -44,6 +44,7 @@ import sys
 import types
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .. import __version__, _library, api, reference
 from .. import assigner as _ours
@@ -324,16 +325,15 @@ def _topk_lower_index(input, k, dim=-1, largest=True, sorted=True):
     return torch.return_types.topk((order.values.narrow(dim, 0, k), order.indices.narrow(dim, 0, k)))
 
 
-class _TorchTiesLow(types.ModuleType):
-    """torch, but for topk: given to the peer's assigner module alone, during the self-check."""
+class _TiesLow(TorchFunctionMode):
+    """torch.topk and Tensor.topk with ties to the lower index, in the thread that enters it and only there (torch
+    function modes are thread-local): the peer's assigner runs under it during the self-check, and no other code, in
+    this thread or another, sees a changed top-k."""
 
-    def __init__(self):
-        super().__init__("torch")
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-    topk = staticmethod(_topk_lower_index)
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.topk or func is torch.Tensor.topk:
+            func = _topk_lower_index
+        return func(*args, **(kwargs or {}))
 
 
 def _check_batches():
@@ -369,17 +369,6 @@ def _seg_check_batches():
         yield inputs, masks, dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0, stride=batch["stride"])
 
 
-@contextlib.contextmanager
-def _tensor_topk_ties_low():
-    """Tensor.topk with ties to the lower index, for the block (the peer's segmentation assigner calls the method)."""
-    saved = torch.Tensor.topk
-    torch.Tensor.topk = lambda self, *args, **kwargs: _topk_lower_index(self, *args, **kwargs)
-    try:
-        yield
-    finally:
-        torch.Tensor.topk = saved
-
-
 def _runs(tal, name):
     """(settings, our reference for a rule set, the peer's outputs) of the built-in batches for the peer's class
     ``name``, the peer run on the CPU with ties to the lower index."""
@@ -400,7 +389,7 @@ def _runs(tal, name):
         args = inputs
         if sigmas is not None and "anc_strides" not in inspect.signature(cls.forward).parameters:
             args = inputs[:-1]  # releases before 8.4.187 take no strides (and have no level gate)
-        with torch.no_grad(), _tensor_topk_ties_low():  # on copies: a release that modifies its inputs differs
+        with torch.no_grad(), _TiesLow():  # on copies: a release that modifies its inputs differs
             theirs = peer(*(t.clone() for t in args), **{k: v.clone() for k, v in extra.items()})
 
         def ours(rules, dense, inputs=inputs, extra=extra, sigmas=sigmas, kw=kw):
@@ -436,34 +425,29 @@ def check_peer(tal=None) -> dict:
     if tal is None:
         tal = _peer().tal
     found = {}
-    saved = tal.torch
-    tal.torch = _TorchTiesLow()
-    try:
-        for name in _NAMES:
-            if not isinstance(getattr(tal, name, None), type):
-                continue
-            try:
-                runs = list(_runs(tal, name))
-            except Exception as exc:  # a release whose class cannot run the built-in batch is left to itself
-                found[name] = None, f"its check raised {type(exc).__name__}: {exc}"
-                continue
-            # the default first, then the others newest first; 8.0 only, and first, for a class without the top-k2
-            # of later releases
-            newer = [reference.DEFAULT_RULES,
-                     *(r for r in reversed(reference.RULE_SETS) if r not in ("8.0", reference.DEFAULT_RULES))]
-            first = None
-            for rules, dense in itertools.product(newer if _takes_topk2(getattr(tal, name)) else ["8.0", *newer],
-                                                  (False, True)):
-                diff = next(filter(None, (_first_difference(kw, ours(rules, dense), theirs)
-                                          for kw, ours, theirs in runs)), None)
-                if diff is None:
-                    found[name] = rules, f"rule set {rules}"
-                    break
-                first = first or f"{diff} under rule set {rules}"
-            else:
-                found[name] = None, f"no rule set gives its results ({first})"
-    finally:
-        tal.torch = saved
+    for name in _NAMES:
+        if not isinstance(getattr(tal, name, None), type):
+            continue
+        try:
+            runs = list(_runs(tal, name))
+        except Exception as exc:  # a release whose class cannot run the built-in batch is left to itself
+            found[name] = None, f"its check raised {type(exc).__name__}: {exc}"
+            continue
+        # the default first, then the others newest first; 8.0 only, and first, for a class without the top-k2
+        # of later releases
+        newer = [reference.DEFAULT_RULES,
+                 *(r for r in reversed(reference.RULE_SETS) if r not in ("8.0", reference.DEFAULT_RULES))]
+        first = None
+        for rules, dense in itertools.product(newer if _takes_topk2(getattr(tal, name)) else ["8.0", *newer],
+                                              (False, True)):
+            diff = next(filter(None, (_first_difference(kw, ours(rules, dense), theirs)
+                                      for kw, ours, theirs in runs)), None)
+            if diff is None:
+                found[name] = rules, f"rule set {rules}"
+                break
+            first = first or f"{diff} under rule set {rules}"
+        else:
+            found[name] = None, f"no rule set gives its results ({first})"
     return found
 
 
