@@ -219,8 +219,8 @@ inline void check_assign_seg_args(const PairDims& d, const at::Tensor& pd_scores
               "gt_masks must be (B, >= M, mh, mw) = (", d.B, ", >= ", d.M, ", ", mh, ", ", mw,
               ") (the prototypes' size), got ", gt_masks.sizes());
   TORCH_CHECK(!gt_masks.is_complex(), "gt_masks must be bool or real, got ", gt_masks.scalar_type());
-  TORCH_CHECK(mh * mw < (int64_t{1} << 24), "proto: at most 2^24 - 1 mask pixels (exact float32 counts), got ", mh,
-              " x ", mw);
+  TORCH_CHECK(mh * mw <= geom::kMaxMaskPixels, "proto: at most ", geom::kMaxMaskPixels,
+              " mask pixels (exact float32 counts), got ", mh, " x ", mw);
   check_one_device(pd_scores, {&pd_coef, &mask_scale, &proto, &gt_masks});
 }
 

@@ -389,8 +389,11 @@ LUCID_HD PixelRange crop_range(T lo, T hi, int n) {
   return {first, end};
 }
 
+// Mask pixels (mh * mw) the kernels take: their counts are exact in float32 below 2^24.
+constexpr int64_t kMaxMaskPixels = (int64_t{1} << 24) - 1;
+
 // The mask IoU from pixel counts, in float32 as the reference: intersection / max(gt + pred - intersection, 1),
-// each count exact in float32 (fewer than 2^24 pixels).
+// each count exact in float32 (at most kMaxMaskPixels).
 LUCID_HD float mask_iou(int64_t inter, int64_t gt_count, int64_t pred_count) {
   const float i = static_cast<float>(inter);
   float u = sub(add(static_cast<float>(gt_count), static_cast<float>(pred_count)), i);

@@ -64,6 +64,14 @@ def loaded() -> bool:
     return LOAD_ERROR is None
 
 
+def limit(name: str) -> int:
+    """A limit of the kernels as the loaded library declares it (csrc/geometry.h): ``"MAX_KEYPOINTS"`` (keypoints per
+    object) or ``"MAX_MASK_PIXELS"`` (mh * mw of the masks)."""
+    from . import _C
+
+    return getattr(_C, name)
+
+
 def has_kernel(op: str, device_type: str) -> bool:
     """True when ``lucid::<op>`` has an implementation for ``device_type`` ("cpu" or "cuda")."""
     if not loaded():

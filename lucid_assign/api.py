@@ -333,8 +333,6 @@ def check_seg_inputs(pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks)
             or _shape(gt_masks)[2:] != (mh, mw)):
         raise ValueError(f"gt_masks must be (B, >= M, mh, mw) = ({bs}, >= {n_boxes}, {mh}, {mw}) (from gt_bboxes and "
                          f"proto), got {_shape(gt_masks)}")
-    if mh * mw >= 1 << 24:
-        raise ValueError(f"proto: at most 2^24 - 1 mask pixels, got {mh} x {mw}")
     devices = {t.device for t in tensors.values()} | {pd_scores.device}
     if len(devices) > 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
@@ -451,11 +449,11 @@ def pose_unsupported(device, box_dtype, pose_key) -> Reason | None:
     _, strides_dtype, pd_kpts_dtype, gt_kpts_dtype, sigmas_dtype, n_kpts = pose_key
     if not _library.has_kernel("assign_pose", device):
         return Reason(f"the compiled library has no assign_pose kernel for {device} tensors", _rebuild_fix(device))
-    if n_kpts > MAX_KEYPOINTS:
-        return Reason(f"the kernels take at most {MAX_KEYPOINTS} keypoints per object, got {n_kpts}",
+    most = _library.limit("MAX_KEYPOINTS")
+    if n_kpts > most:
+        return Reason(f"the kernels take at most {most} keypoints per object, got {n_kpts}",
                       "none is needed for the results, which are the same; for speed, use at most "
-                      f"{MAX_KEYPOINTS} keypoints, or pass backend='reference' to choose the reference without this "
-                      "warning")
+                      f"{most} keypoints, or pass backend='reference' to choose the reference without this warning")
     if gt_kpts_dtype != box_dtype or sigmas_dtype != box_dtype:
         return Reason(f"the kernel needs gt_kpts and sigmas of the dtype of gt_bboxes ({box_dtype}), got "
                       f"{gt_kpts_dtype} and {sigmas_dtype}", f"pass gt_kpts and sigmas as {box_dtype}")
@@ -465,12 +463,9 @@ def pose_unsupported(device, box_dtype, pose_key) -> Reason | None:
     return None
 
 
-MAX_KEYPOINTS = 63  # csrc/geometry.h kMaxKeypoints
-
-
 def _seg_key(pd_coef, mask_scale, proto, gt_masks) -> tuple:
     """What the kernel's support of the segmentation inputs depends on."""
-    return "seg", mask_scale.dtype
+    return "seg", mask_scale.dtype, proto.shape[-2] * proto.shape[-1]
 
 
 def seg_unsupported(device, box_dtype, seg_key) -> Reason | None:
@@ -478,9 +473,14 @@ def seg_unsupported(device, box_dtype, seg_key) -> Reason | None:
     inputs), or None when it can."""
     if not _library.has_kernel("assign_seg", device):
         return Reason(f"the compiled library has no assign_seg kernel for {device} tensors", _rebuild_fix(device))
-    if seg_key[1] not in (torch.float32, torch.float64):
-        return Reason(f"the kernel takes a float32 or float64 mask_scale, got {seg_key[1]}",
+    _, scale_dtype, pixels = seg_key
+    if scale_dtype not in (torch.float32, torch.float64):
+        return Reason(f"the kernel takes a float32 or float64 mask_scale, got {scale_dtype}",
                       "pass mask_scale as float32 (mask_scale.float())")
+    most = _library.limit("MAX_MASK_PIXELS")
+    if pixels > most:
+        return Reason(f"the kernels take masks of at most {most} pixels (exact float32 counts), got {pixels}",
+                      "none is needed for the results, which are the same; for speed, use smaller masks")
     return None
 
 

@@ -525,6 +525,26 @@ def test_a_half_mask_scale_runs_on_the_reference(library):
     assert_equal(got, run_reference(inputs, num_classes=3, topk=10))
 
 
+def test_masks_beyond_the_kernels_limit_run_on_the_reference(library, monkeypatch):
+    """The mask-pixel limit is the library's (exact float32 counts), not the reference's: masks of more pixels run on
+    the reference with "auto", saying why, and the kernel refuses them. The limit is lowered here to this batch's
+    8 x 8 masks less one, so that the test needs no mask of 2^24 pixels."""
+    inputs = problem(19)
+    pixels = inputs[8].shape[-2] * inputs[8].shape[-1]
+    assert lucid_assign._library.limit("MAX_MASK_PIXELS") >= pixels
+    real = lucid_assign._library.limit
+    monkeypatch.setattr(lucid_assign._library, "limit",
+                        lambda name: pixels - 1 if name == "MAX_MASK_PIXELS" else real(name))
+    api._unsupported.clear()
+    api._kernel_calls.clear()
+    with pytest.warns(UserWarning, match=f"at most {pixels - 1} pixels"):
+        got = api.assign_seg(*inputs, num_classes=3, topk=10)
+    assert_equal(got, run_reference(inputs, num_classes=3, topk=10))
+    with pytest.raises(RuntimeError, match="backend='kernel' cannot run"):
+        api.assign_seg(*inputs, num_classes=3, topk=10, backend="kernel")
+    api._unsupported.clear()
+
+
 @pytest.mark.cuda
 def test_memory_bounded(library):
     """No (B, M, A) tensor and no (pairs x mask pixels) one beyond the decode's chunk: 16 images of 400 objects at 640
