@@ -23,8 +23,8 @@ inline bool is_rows(const at::Tensor& t, int64_t B, int64_t M) {
 // Every tensor of `others` on the device of `first`.
 inline void check_one_device(const at::Tensor& first, std::initializer_list<const at::Tensor*> others) {
   for (const auto* t : others) {
-    TORCH_CHECK(t->device() == first.device(), "all inputs must be on one device: got ", first.device(), " and ",
-                t->device());
+    TORCH_CHECK_VALUE(t->device() == first.device(), "all inputs must be on one device: got ", first.device(), " and ",
+                      t->device());
   }
 }
 
@@ -38,11 +38,11 @@ inline geom::RuleSet<double> rule_set(c10::string_view rules, int64_t D, double 
   if (rules == "8.4.180") return {stride_val, stride_val, true, false, /*pose_mean=*/true};
   if (rules == "8.4.128") return {stride_val, stride_val, true, true};
   if (rules == "8.0") return {kNoFloor, 0.0, false, true};
-  TORCH_CHECK(rules == "8.4.0" || rules == "8.4.8",
-              "rules must be one of '8.0', '8.4.0', '8.4.8', '8.4.128', '8.4.144', '8.4.180', got '", rules, "'");
-  TORCH_CHECK(first_stride.has_value() && std::isfinite(*first_stride) && *first_stride > 0, "rules '", rules,
-              "' needs first_stride (the trainer's stride[0]), a positive number; got ",
-              first_stride.has_value() ? std::to_string(*first_stride) : std::string("None"));
+  TORCH_CHECK_VALUE(rules == "8.4.0" || rules == "8.4.8",
+                    "rules must be one of '8.0', '8.4.0', '8.4.8', '8.4.128', '8.4.144', '8.4.180', got '", rules, "'");
+  TORCH_CHECK_VALUE(first_stride.has_value() && std::isfinite(*first_stride) && *first_stride > 0, "rules '", rules,
+                    "' needs first_stride (the trainer's stride[0]), a positive number; got ",
+                    first_stride.has_value() ? std::to_string(*first_stride) : std::string("None"));
   if (rules == "8.4.0" && D == 5) return {kNoFloor, 0.0, true, true};  // 8.4.0 floors axis-aligned boxes only
   return {*first_stride, stride_val, true, true};
 }
@@ -50,21 +50,23 @@ inline geom::RuleSet<double> rule_set(c10::string_view rules, int64_t D, double 
 // torch.ops.lucid.points_in_boxes (step 1): returns the box width (4 or 5).
 inline int64_t check_points_in_boxes_args(const at::Tensor& anc_points, const at::Tensor& gt_bboxes,
                                           const at::Tensor& mask_gt, double stride_val) {
-  TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(1) == 2, "anc_points must be (A, 2), got ",
-              anc_points.sizes());
-  TORCH_CHECK(gt_bboxes.dim() == 3 && (gt_bboxes.size(2) == 4 || gt_bboxes.size(2) == 5),
-              "gt_bboxes must be (B, M, 4) or (B, M, 5), got ", gt_bboxes.sizes());
-  TORCH_CHECK(gt_bboxes.scalar_type() == at::kFloat || gt_bboxes.scalar_type() == at::kDouble,
-              "gt_bboxes must be float32 or float64, got ", gt_bboxes.scalar_type());
-  TORCH_CHECK(anc_points.scalar_type() == gt_bboxes.scalar_type(), "anc_points must have the dtype of gt_bboxes (",
-              gt_bboxes.scalar_type(), "), got ", anc_points.scalar_type());
+  TORCH_CHECK_VALUE(anc_points.dim() == 2 && anc_points.size(1) == 2, "anc_points must be (A, 2), got ",
+                    anc_points.sizes());
+  TORCH_CHECK_VALUE(gt_bboxes.dim() == 3 && (gt_bboxes.size(2) == 4 || gt_bboxes.size(2) == 5),
+                    "gt_bboxes must be (B, M, 4) or (B, M, 5), got ", gt_bboxes.sizes());
+  TORCH_CHECK_TYPE(gt_bboxes.scalar_type() == at::kFloat || gt_bboxes.scalar_type() == at::kDouble,
+                   "gt_bboxes must be float32 or float64, got ", gt_bboxes.scalar_type());
+  TORCH_CHECK_TYPE(anc_points.scalar_type() == gt_bboxes.scalar_type(), "anc_points must have the dtype of gt_bboxes (",
+                   gt_bboxes.scalar_type(), "), got ", anc_points.scalar_type());
   const bool mask_shape_ok = (mask_gt.dim() == 3 && mask_gt.size(2) == 1) || mask_gt.dim() == 2;
-  TORCH_CHECK(mask_shape_ok && mask_gt.size(0) == gt_bboxes.size(0) && mask_gt.size(1) == gt_bboxes.size(1),
-              "mask_gt must be (B, M, 1) or (B, M) matching gt_bboxes ", gt_bboxes.sizes(), ", got ", mask_gt.sizes());
-  TORCH_CHECK(anc_points.device() == gt_bboxes.device() && mask_gt.device() == gt_bboxes.device(),
-              "anc_points, gt_bboxes and mask_gt must be on one device, got ", anc_points.device(), ", ",
-              gt_bboxes.device(), " and ", mask_gt.device());
-  TORCH_CHECK(std::isfinite(stride_val) && stride_val > 0, "stride_val must be a positive number, got ", stride_val);
+  TORCH_CHECK_VALUE(mask_shape_ok && mask_gt.size(0) == gt_bboxes.size(0) && mask_gt.size(1) == gt_bboxes.size(1),
+                    "mask_gt must be (B, M, 1) or (B, M) matching gt_bboxes ", gt_bboxes.sizes(), ", got ",
+                    mask_gt.sizes());
+  TORCH_CHECK_VALUE(anc_points.device() == gt_bboxes.device() && mask_gt.device() == gt_bboxes.device(),
+                    "anc_points, gt_bboxes and mask_gt must be on one device, got ", anc_points.device(), ", ",
+                    gt_bboxes.device(), " and ", mask_gt.device());
+  TORCH_CHECK_VALUE(std::isfinite(stride_val) && stride_val > 0, "stride_val must be a positive number, got ",
+                    stride_val);
   return gt_bboxes.size(2);
 }
 
@@ -75,38 +77,42 @@ struct PairDims {
 
 inline PairDims check_pair_inputs(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes, const at::Tensor& gt_labels,
                                   const at::Tensor& gt_bboxes) {
-  TORCH_CHECK(pd_scores.dim() == 3, "pd_scores must be (B, A, C), got ", pd_scores.sizes());
+  TORCH_CHECK_VALUE(pd_scores.dim() == 3, "pd_scores must be (B, A, C), got ", pd_scores.sizes());
   const int64_t B = pd_scores.size(0), A = pd_scores.size(1), C = pd_scores.size(2);
-  TORCH_CHECK(gt_bboxes.dim() == 3 && (gt_bboxes.size(2) == 4 || gt_bboxes.size(2) == 5) && gt_bboxes.size(0) == B,
-              "gt_bboxes must be (B, M, 4) or (B, M, 5) with B = ", B, " (from pd_scores), got ", gt_bboxes.sizes());
+  TORCH_CHECK_VALUE(
+      gt_bboxes.dim() == 3 && (gt_bboxes.size(2) == 4 || gt_bboxes.size(2) == 5) && gt_bboxes.size(0) == B,
+      "gt_bboxes must be (B, M, 4) or (B, M, 5) with B = ", B, " (from pd_scores), got ", gt_bboxes.sizes());
   const int64_t M = gt_bboxes.size(1), D = gt_bboxes.size(2);
-  TORCH_CHECK(pd_bboxes.dim() == 3 && pd_bboxes.size(0) == B && pd_bboxes.size(1) == A && pd_bboxes.size(2) == D,
-              "pd_bboxes must be (B, A, ", D, ") = (", B, ", ", A, ", ", D, "), got ", pd_bboxes.sizes());
-  TORCH_CHECK(is_rows(gt_labels, B, M), "gt_labels must be (B, M, 1) = (", B, ", ", M, ", 1), got ", gt_labels.sizes());
+  TORCH_CHECK_VALUE(pd_bboxes.dim() == 3 && pd_bboxes.size(0) == B && pd_bboxes.size(1) == A && pd_bboxes.size(2) == D,
+                    "pd_bboxes must be (B, A, ", D, ") = (", B, ", ", A, ", ", D, "), got ", pd_bboxes.sizes());
+  TORCH_CHECK_VALUE(is_rows(gt_labels, B, M), "gt_labels must be (B, M, 1) = (", B, ", ", M, ", 1), got ",
+                    gt_labels.sizes());
   const auto box_t = gt_bboxes.scalar_type();
-  TORCH_CHECK(box_t == at::kFloat || box_t == at::kDouble, "gt_bboxes must be float32 or float64, got ", box_t);
-  TORCH_CHECK(pd_bboxes.scalar_type() == box_t, "pd_bboxes must have the dtype of gt_bboxes (", box_t, "), got ",
-              pd_bboxes.scalar_type());
+  TORCH_CHECK_TYPE(box_t == at::kFloat || box_t == at::kDouble, "gt_bboxes must be float32 or float64, got ", box_t);
+  TORCH_CHECK_TYPE(pd_bboxes.scalar_type() == box_t, "pd_bboxes must have the dtype of gt_bboxes (", box_t, "), got ",
+                   pd_bboxes.scalar_type());
   const auto st = pd_scores.scalar_type();
   const bool scores_ok = box_t == at::kFloat ? (st == at::kFloat || st == at::kHalf || st == at::kBFloat16)
                                              : st == at::kDouble;
-  TORCH_CHECK(scores_ok, "pd_scores must be float32, float16 or bfloat16 with float32 boxes, or float64 with float64 ",
-              "boxes; got ", st, " with ", box_t, " boxes");
-  TORCH_CHECK(!at::isComplexType(gt_labels.scalar_type()), "gt_labels must be real, got ", gt_labels.scalar_type());
+  TORCH_CHECK_TYPE(scores_ok, "pd_scores must be float32, float16 or bfloat16 with float32 boxes, or float64 with ",
+                   "float64 boxes; got ", st, " with ", box_t, " boxes");
+  const auto lt = gt_labels.scalar_type();
+  TORCH_CHECK_TYPE(!at::isComplexType(lt) && lt != at::kBool, "gt_labels must hold class ids (float or integer), got ",
+                   lt);
   check_one_device(pd_scores, {&pd_bboxes, &gt_labels, &gt_bboxes});
   return {B, A, C, M, D};
 }
 
 // torch.ops.lucid.pair_overlaps (step 2): returns the box width (4 or 5).
 inline int64_t check_pair_overlaps_args(const at::Tensor& gt_bboxes, const at::Tensor& pd_bboxes) {
-  TORCH_CHECK(gt_bboxes.dim() == 2 && (gt_bboxes.size(1) == 4 || gt_bboxes.size(1) == 5),
-              "gt_bboxes must be (N, 4) or (N, 5), got ", gt_bboxes.sizes());
-  TORCH_CHECK(pd_bboxes.sizes() == gt_bboxes.sizes(), "pd_bboxes must have the shape of gt_bboxes ",
-              gt_bboxes.sizes(), ", got ", pd_bboxes.sizes());
-  TORCH_CHECK(gt_bboxes.scalar_type() == at::kFloat || gt_bboxes.scalar_type() == at::kDouble,
-              "gt_bboxes must be float32 or float64, got ", gt_bboxes.scalar_type());
-  TORCH_CHECK(pd_bboxes.scalar_type() == gt_bboxes.scalar_type(), "pd_bboxes must have the dtype of gt_bboxes (",
-              gt_bboxes.scalar_type(), "), got ", pd_bboxes.scalar_type());
+  TORCH_CHECK_VALUE(gt_bboxes.dim() == 2 && (gt_bboxes.size(1) == 4 || gt_bboxes.size(1) == 5),
+                    "gt_bboxes must be (N, 4) or (N, 5), got ", gt_bboxes.sizes());
+  TORCH_CHECK_VALUE(pd_bboxes.sizes() == gt_bboxes.sizes(), "pd_bboxes must have the shape of gt_bboxes ",
+                    gt_bboxes.sizes(), ", got ", pd_bboxes.sizes());
+  TORCH_CHECK_TYPE(gt_bboxes.scalar_type() == at::kFloat || gt_bboxes.scalar_type() == at::kDouble,
+                   "gt_bboxes must be float32 or float64, got ", gt_bboxes.scalar_type());
+  TORCH_CHECK_TYPE(pd_bboxes.scalar_type() == gt_bboxes.scalar_type(), "pd_bboxes must have the dtype of gt_bboxes (",
+                   gt_bboxes.scalar_type(), "), got ", pd_bboxes.scalar_type());
   check_one_device(gt_bboxes, {&pd_bboxes});
   return gt_bboxes.size(1);
 }
@@ -116,22 +122,22 @@ inline PairDims check_box_metrics_args(const at::Tensor& pd_scores, const at::Te
                                        const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
                                        const at::Tensor& candidates) {
   const PairDims d = check_pair_inputs(pd_scores, pd_bboxes, gt_labels, gt_bboxes);
-  TORCH_CHECK(candidates.dim() == 3 && candidates.size(0) == d.B && candidates.size(1) == d.M &&
-                  candidates.size(2) == d.A && candidates.scalar_type() == at::kBool,
-              "candidates must be (B, M, A) = (", d.B, ", ", d.M, ", ", d.A, ") bool, got ", candidates.sizes(), " ",
-              candidates.scalar_type());
+  TORCH_CHECK_VALUE(candidates.dim() == 3 && candidates.size(0) == d.B && candidates.size(1) == d.M &&
+                        candidates.size(2) == d.A && candidates.scalar_type() == at::kBool,
+                    "candidates must be (B, M, A) = (", d.B, ", ", d.M, ", ", d.A, ") bool, got ", candidates.sizes(),
+                    " ", candidates.scalar_type());
   check_one_device(pd_scores, {&candidates});
   return d;
 }
 
 // torch.ops.lucid.resolve_conflicts (step 4, dense).
 inline void check_resolve_conflicts_args(const at::Tensor& mask_pos, const at::Tensor& overlaps) {
-  TORCH_CHECK(mask_pos.dim() == 3 && mask_pos.scalar_type() == at::kBool, "mask_pos must be (B, M, A) bool, got ",
-              mask_pos.sizes(), " ", mask_pos.scalar_type());
-  TORCH_CHECK(overlaps.sizes() == mask_pos.sizes(), "overlaps must have the shape of mask_pos ", mask_pos.sizes(),
-              ", got ", overlaps.sizes());
-  TORCH_CHECK(overlaps.scalar_type() == at::kFloat || overlaps.scalar_type() == at::kDouble,
-              "overlaps must be float32 or float64, got ", overlaps.scalar_type());
+  TORCH_CHECK_VALUE(mask_pos.dim() == 3 && mask_pos.scalar_type() == at::kBool, "mask_pos must be (B, M, A) bool, got ",
+                    mask_pos.sizes(), " ", mask_pos.scalar_type());
+  TORCH_CHECK_VALUE(overlaps.sizes() == mask_pos.sizes(), "overlaps must have the shape of mask_pos ", mask_pos.sizes(),
+                    ", got ", overlaps.sizes());
+  TORCH_CHECK_TYPE(overlaps.scalar_type() == at::kFloat || overlaps.scalar_type() == at::kDouble,
+                   "overlaps must be float32 or float64, got ", overlaps.scalar_type());
   check_one_device(mask_pos, {&overlaps});
 }
 
@@ -142,22 +148,23 @@ inline PairDims check_assign_args(const at::Tensor& pd_scores, const at::Tensor&
                                   const at::Tensor& gt_bboxes, const at::Tensor& mask_gt, int64_t topk, int64_t topk2,
                                   int64_t num_classes, double stride_val, double eps) {
   const PairDims d = check_pair_inputs(pd_scores, pd_bboxes, gt_labels, gt_bboxes);
-  TORCH_CHECK(anc_points.dim() == 2 && anc_points.size(0) == d.A && anc_points.size(1) == 2,
-              "anc_points must be (A, 2) with A = ", d.A, ", got ", anc_points.sizes());
-  TORCH_CHECK(is_rows(mask_gt, d.B, d.M), "mask_gt must be (B, M, 1) = (", d.B, ", ", d.M, ", 1), got ",
-              mask_gt.sizes());
-  TORCH_CHECK(num_classes == d.C, "num_classes is ", num_classes, " but pd_scores has ", d.C, " classes");
+  TORCH_CHECK_VALUE(anc_points.dim() == 2 && anc_points.size(0) == d.A && anc_points.size(1) == 2,
+                    "anc_points must be (A, 2) with A = ", d.A, ", got ", anc_points.sizes());
+  TORCH_CHECK_VALUE(is_rows(mask_gt, d.B, d.M), "mask_gt must be (B, M, 1) = (", d.B, ", ", d.M, ", 1), got ",
+                    mask_gt.sizes());
+  TORCH_CHECK_VALUE(num_classes == d.C, "num_classes is ", num_classes, " but pd_scores has ", d.C, " classes");
   const auto box_t = gt_bboxes.scalar_type(), anc_t = anc_points.scalar_type();
-  TORCH_CHECK(anc_t == box_t || (c10::isFloatingType(anc_t) && c10::promoteTypes(anc_t, box_t) == box_t),
-              "anc_points must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", anc_t);
+  TORCH_CHECK_TYPE(anc_t == box_t || (c10::isFloatingType(anc_t) && c10::promoteTypes(anc_t, box_t) == box_t),
+                   "anc_points must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", anc_t);
   check_one_device(pd_scores, {&anc_points, &mask_gt});
-  TORCH_CHECK(topk >= 1, "topk must be >= 1, got ", topk);
-  TORCH_CHECK(topk2 >= 1, "topk2 must be >= 1, got ", topk2);
-  TORCH_CHECK(d.M == 0 || (topk <= d.A && topk2 <= d.A), "topk (", topk, ") and topk2 (", topk2,
-              ") must not exceed the number of anchors (", d.A, ")");
-  TORCH_CHECK(std::isfinite(stride_val) && stride_val > 0, "stride_val must be a positive number, got ", stride_val);
+  TORCH_CHECK_VALUE(topk >= 1, "topk must be >= 1, got ", topk);
+  TORCH_CHECK_VALUE(topk2 >= 1, "topk2 must be >= 1, got ", topk2);
+  TORCH_CHECK_VALUE(d.M == 0 || (topk <= d.A && topk2 <= d.A), "topk (", topk, ") and topk2 (", topk2,
+                    ") must not exceed the number of anchors (", d.A, ")");
+  TORCH_CHECK_VALUE(std::isfinite(stride_val) && stride_val > 0, "stride_val must be a positive number, got ",
+                    stride_val);
   // eps > 0 keeps pa + eps of step 6 positive (with eps <= 0 a row owning nothing would make 0 / 0)
-  TORCH_CHECK(std::isfinite(eps) && eps > 0, "eps must be a positive number, got ", eps);
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps > 0, "eps must be a positive number, got ", eps);
   return d;
 }
 
@@ -167,30 +174,30 @@ inline int64_t check_assign_pose_args(const PairDims& d, const at::Tensor& pd_sc
                                       const at::Tensor& anc_strides, const at::Tensor& pd_kpts,
                                       const at::Tensor& gt_kpts, const at::Tensor& sigmas, double level_lo,
                                       double level_hi) {
-  TORCH_CHECK(d.D == 4, "assign_pose takes x1y1x2y2 boxes, (B, M, 4); got gt_bboxes ", gt_bboxes.sizes());
+  TORCH_CHECK_VALUE(d.D == 4, "assign_pose takes x1y1x2y2 boxes, (B, M, 4); got gt_bboxes ", gt_bboxes.sizes());
   const auto box_t = gt_bboxes.scalar_type();
-  TORCH_CHECK(anc_strides.dim() == 1 && anc_strides.size(0) == d.A, "anc_strides must be (A,) with A = ", d.A,
-              ", got ", anc_strides.sizes());
+  TORCH_CHECK_VALUE(anc_strides.dim() == 1 && anc_strides.size(0) == d.A, "anc_strides must be (A,) with A = ", d.A,
+                    ", got ", anc_strides.sizes());
   const auto st = anc_strides.scalar_type();
-  TORCH_CHECK(c10::isFloatingType(st) && c10::promoteTypes(st, box_t) == box_t,
-              "anc_strides must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", st);
-  TORCH_CHECK(gt_kpts.dim() == 4 && gt_kpts.size(0) == d.B && gt_kpts.size(1) == d.M && gt_kpts.size(3) == 3,
-              "gt_kpts must be (B, M, K, 3) = (", d.B, ", ", d.M, ", K, 3), got ", gt_kpts.sizes());
+  TORCH_CHECK_TYPE(c10::isFloatingType(st) && c10::promoteTypes(st, box_t) == box_t,
+                   "anc_strides must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", st);
+  TORCH_CHECK_VALUE(gt_kpts.dim() == 4 && gt_kpts.size(0) == d.B && gt_kpts.size(1) == d.M && gt_kpts.size(3) == 3,
+                    "gt_kpts must be (B, M, K, 3) = (", d.B, ", ", d.M, ", K, 3), got ", gt_kpts.sizes());
   const int64_t K = gt_kpts.size(2);
-  TORCH_CHECK(K <= geom::kMaxKeypoints, "gt_kpts: the kernels take at most ", geom::kMaxKeypoints,
-              " keypoints per object, got ", K);
-  TORCH_CHECK(pd_kpts.dim() == 4 && pd_kpts.size(0) == d.B && pd_kpts.size(1) == d.A && pd_kpts.size(2) == K &&
-                  pd_kpts.size(3) == 2,
-              "pd_kpts must be (B, A, K, 2) = (", d.B, ", ", d.A, ", ", K, ", 2), got ", pd_kpts.sizes());
-  TORCH_CHECK(c10::isFloatingType(pd_kpts.scalar_type()), "pd_kpts must be a floating-point tensor, got ",
-              pd_kpts.scalar_type());
-  TORCH_CHECK(gt_kpts.scalar_type() == box_t, "gt_kpts must have the dtype of gt_bboxes (", box_t, "), got ",
-              gt_kpts.scalar_type());
-  TORCH_CHECK(sigmas.dim() == 1 && sigmas.size(0) == K, "sigmas must be (K,) = (", K, ",), got ", sigmas.sizes());
-  TORCH_CHECK(sigmas.scalar_type() == box_t, "sigmas must have the dtype of gt_bboxes (", box_t, "), got ",
-              sigmas.scalar_type());
-  TORCH_CHECK(std::isfinite(level_lo) && std::isfinite(level_hi), "level_range must be two finite numbers, got (",
-              level_lo, ", ", level_hi, ")");
+  TORCH_CHECK_VALUE(K <= geom::kMaxKeypoints, "gt_kpts: the kernels take at most ", geom::kMaxKeypoints,
+                    " keypoints per object, got ", K);
+  TORCH_CHECK_VALUE(pd_kpts.dim() == 4 && pd_kpts.size(0) == d.B && pd_kpts.size(1) == d.A && pd_kpts.size(2) == K &&
+                        pd_kpts.size(3) == 2,
+                    "pd_kpts must be (B, A, K, 2) = (", d.B, ", ", d.A, ", ", K, ", 2), got ", pd_kpts.sizes());
+  TORCH_CHECK_TYPE(c10::isFloatingType(pd_kpts.scalar_type()), "pd_kpts must be a floating-point tensor, got ",
+                   pd_kpts.scalar_type());
+  TORCH_CHECK_TYPE(gt_kpts.scalar_type() == box_t, "gt_kpts must have the dtype of gt_bboxes (", box_t, "), got ",
+                   gt_kpts.scalar_type());
+  TORCH_CHECK_VALUE(sigmas.dim() == 1 && sigmas.size(0) == K, "sigmas must be (K,) = (", K, ",), got ", sigmas.sizes());
+  TORCH_CHECK_TYPE(sigmas.scalar_type() == box_t, "sigmas must have the dtype of gt_bboxes (", box_t, "), got ",
+                   sigmas.scalar_type());
+  TORCH_CHECK_VALUE(std::isfinite(level_lo) && std::isfinite(level_hi), "level_range must be two finite numbers, got (",
+                    level_lo, ", ", level_hi, ")");
   check_one_device(pd_scores, {&anc_strides, &pd_kpts, &gt_kpts, &sigmas});
   return K;
 }
@@ -200,27 +207,27 @@ inline int64_t check_assign_pose_args(const PairDims& d, const at::Tensor& pd_sc
 inline void check_assign_seg_args(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& gt_bboxes,
                                   const at::Tensor& pd_coef, const at::Tensor& mask_scale, const at::Tensor& proto,
                                   const at::Tensor& gt_masks) {
-  TORCH_CHECK(d.D == 4, "assign_seg takes x1y1x2y2 boxes, (B, M, 4); got gt_bboxes ", gt_bboxes.sizes());
-  TORCH_CHECK(proto.dim() == 4 && proto.size(0) == d.B, "proto must be (B, nm, mh, mw) with B = ", d.B, ", got ",
-              proto.sizes());
+  TORCH_CHECK_VALUE(d.D == 4, "assign_seg takes x1y1x2y2 boxes, (B, M, 4); got gt_bboxes ", gt_bboxes.sizes());
+  TORCH_CHECK_VALUE(proto.dim() == 4 && proto.size(0) == d.B, "proto must be (B, nm, mh, mw) with B = ", d.B, ", got ",
+                    proto.sizes());
   const int64_t nm = proto.size(1), mh = proto.size(2), mw = proto.size(3);
-  TORCH_CHECK(pd_coef.dim() == 3 && pd_coef.size(0) == d.B && pd_coef.size(1) == d.A && pd_coef.size(2) == nm,
-              "pd_coef must be (B, A, nm) = (", d.B, ", ", d.A, ", ", nm, "), got ", pd_coef.sizes());
-  TORCH_CHECK(c10::isFloatingType(pd_coef.scalar_type()) && c10::isFloatingType(proto.scalar_type()),
-              "pd_coef and proto must be floating-point tensors, got ", pd_coef.scalar_type(), " and ",
-              proto.scalar_type());
-  TORCH_CHECK((mask_scale.dim() == 2 && mask_scale.size(0) == d.B && mask_scale.size(1) == 1) ||
-                  (mask_scale.dim() == 1 && mask_scale.size(0) == d.B),
-              "mask_scale must be (B, 1) = (", d.B, ", 1), got ", mask_scale.sizes());
+  TORCH_CHECK_VALUE(pd_coef.dim() == 3 && pd_coef.size(0) == d.B && pd_coef.size(1) == d.A && pd_coef.size(2) == nm,
+                    "pd_coef must be (B, A, nm) = (", d.B, ", ", d.A, ", ", nm, "), got ", pd_coef.sizes());
+  TORCH_CHECK_TYPE(c10::isFloatingType(pd_coef.scalar_type()) && c10::isFloatingType(proto.scalar_type()),
+                   "pd_coef and proto must be floating-point tensors, got ", pd_coef.scalar_type(), " and ",
+                   proto.scalar_type());
+  TORCH_CHECK_VALUE((mask_scale.dim() == 2 && mask_scale.size(0) == d.B && mask_scale.size(1) == 1) ||
+                        (mask_scale.dim() == 1 && mask_scale.size(0) == d.B),
+                    "mask_scale must be (B, 1) = (", d.B, ", 1), got ", mask_scale.sizes());
   const auto st = mask_scale.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kDouble, "mask_scale must be float32 or float64, got ", st);
-  TORCH_CHECK(gt_masks.dim() == 4 && gt_masks.size(0) == d.B && gt_masks.size(1) >= d.M && gt_masks.size(2) == mh &&
-                  gt_masks.size(3) == mw,
-              "gt_masks must be (B, >= M, mh, mw) = (", d.B, ", >= ", d.M, ", ", mh, ", ", mw,
-              ") (the prototypes' size), got ", gt_masks.sizes());
-  TORCH_CHECK(!gt_masks.is_complex(), "gt_masks must be bool or real, got ", gt_masks.scalar_type());
-  TORCH_CHECK(mh * mw <= geom::kMaxMaskPixels, "proto: at most ", geom::kMaxMaskPixels,
-              " mask pixels (exact float32 counts), got ", mh, " x ", mw);
+  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble, "mask_scale must be float32 or float64, got ", st);
+  TORCH_CHECK_VALUE(gt_masks.dim() == 4 && gt_masks.size(0) == d.B && gt_masks.size(1) >= d.M &&
+                        gt_masks.size(2) == mh && gt_masks.size(3) == mw,
+                    "gt_masks must be (B, >= M, mh, mw) = (", d.B, ", >= ", d.M, ", ", mh, ", ", mw,
+                    ") (the prototypes' size), got ", gt_masks.sizes());
+  TORCH_CHECK_TYPE(!gt_masks.is_complex(), "gt_masks must be bool or real, got ", gt_masks.scalar_type());
+  TORCH_CHECK_VALUE(mh * mw <= geom::kMaxMaskPixels, "proto: at most ", geom::kMaxMaskPixels,
+                    " mask pixels (exact float32 counts), got ", mh, " x ", mw);
   check_one_device(pd_scores, {&pd_coef, &mask_scale, &proto, &gt_masks});
 }
 

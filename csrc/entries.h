@@ -64,6 +64,9 @@ struct Entries {
     const PairDims d = check_assign_args(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
                                          num_classes, stride_val, eps);
     check_assign_seg_args(d, pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks);
+    TORCH_CHECK_TYPE(autocast_dtype.has_value() || pd_coef.scalar_type() == proto.scalar_type(),
+                     "pd_coef and proto must have one dtype outside autocast (their product decodes the masks), got ",
+                     pd_coef.scalar_type(), " and ", proto.scalar_type());
     const SegArgs seg{pd_coef, mask_scale, proto, gt_masks, std::min(kSegTopkFactor * topk, d.A), autocast_dtype};
     return run(d, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, alpha,
                beta, eps, rule_set(rules, d.D, stride_val, first_stride), nullptr, &seg, autocast_dtype);

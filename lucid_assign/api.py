@@ -1,9 +1,13 @@
-"""The public functional form of the assignment: argument checks and the choice of backend.
+"""The public functional form of the assignment, and the one dispatch behind it: the choice of backend.
 
-Backends: ``"kernel"`` (the compiled op torch.ops.lucid.assign), ``"reference"`` (the pure-PyTorch assigner of
-lucid_assign.reference) and ``"auto"`` (the kernel when the library is loaded, has a kernel for the tensors' device
-and supports their dtypes; otherwise the reference, saying once why). The environment variable
-``LUCID_ASSIGN_BACKEND`` (auto | kernel | reference), when set, overrides the argument.
+Backends: ``"kernel"`` (the compiled ops torch.ops.lucid.assign, assign_pose and assign_seg), ``"reference"`` (the
+pure-PyTorch assigner of lucid_assign.reference) and ``"auto"`` (the kernel when the library is loaded, has a kernel
+for the tensors' device and supports their dtypes; otherwise the reference, saying once why). The environment
+variable ``LUCID_ASSIGN_BACKEND`` (auto | kernel | reference), when set, overrides the argument.
+
+Checks. The settings (topk, stride, eps, rules, ...) are checked here, where a message names the Python argument. The
+tensors are checked once: by the op on the kernel path (csrc/checks.h: ValueError or TypeError naming the argument),
+by check_inputs here on the reference path, which has no checks of its own, and while torch.compile traces a call.
 """
 
 from __future__ import annotations
@@ -12,11 +16,12 @@ import math
 import os
 import sys
 import warnings
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from . import _library, ops, reference
+from .reference import INPUTS, POSE_INPUTS, SEG_INPUTS
 
 BACKENDS = ("auto", "kernel", "reference")
 ENV_BACKEND = "LUCID_ASSIGN_BACKEND"
@@ -53,21 +58,61 @@ class Reason(str):
         return self
 
 
+# ---- checks ----------------------------------------------------------------------------------------------------
+
+
 def _shape(t: torch.Tensor) -> tuple:
     return tuple(t.shape)
 
 
-def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk, topk2, num_classes, stride,
-                 read_values=True):
-    """Raise ValueError/TypeError naming the argument when the inputs do not form a valid assignment problem.
-    ``read_values=False`` leaves out the one check that reads tensor values (labels in range on the CPU)."""
-    tensors = dict(
-        pd_scores=pd_scores, pd_bboxes=pd_bboxes, anc_points=anc_points, gt_labels=gt_labels, gt_bboxes=gt_bboxes,
-        mask_gt=mask_gt,
-    )
-    for name, t in tensors.items():
+def _require_tensors(names: Sequence[str], tensors: Sequence) -> None:
+    for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_settings(*, topk, topk2, stride, eps, rules, level_range=None) -> None:
+    """Raise ValueError naming the argument for settings no backend takes (they are Python values: the op gets them
+    converted, so their messages are given here)."""
+    if int(topk) < 1:
+        raise ValueError(f"topk must be >= 1, got {topk}")
+    if topk2 is not None and int(topk2) < 1:
+        raise ValueError(f"topk2 must be >= 1 (or None for topk), got {topk2}")
+    stride = list(stride)
+    if not stride or any(not (math.isfinite(float(s)) and float(s) > 0) for s in stride):
+        raise ValueError(f"stride must be a non-empty list of positive numbers, got {stride}")
+    check_eps(eps)
+    reference.check_rules(rules, topk, topk2)
+    if level_range is not None:
+        try:
+            lo, hi = (float(v) for v in level_range)
+        except (TypeError, ValueError):
+            raise ValueError(f"level_range must be two numbers (lo, hi), got {level_range!r}") from None
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise ValueError(f"level_range must be two finite numbers, got {level_range!r}")
+
+
+def check_eps(eps) -> None:
+    """eps must be a positive number: step 6 divides by ``pa + eps``, and with eps <= 0 a row that owns nothing
+    (pa = 0) divides 0 by 0 (docs/spec.md, "Inputs")."""
+    try:
+        ok = math.isfinite(float(eps)) and float(eps) > 0
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"eps must be a positive number, got {eps!r}")
+
+
+BOX_DTYPES = (torch.float32, torch.float64)  # the boxes every backend takes (anchors may be narrower: widened exactly)
+
+
+def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk, topk2, num_classes, stride,
+                 read_values=True):
+    """Raise ValueError/TypeError naming the argument when the box inputs do not form a valid assignment problem
+    (the reference path's checks; the op has the same). ``read_values=False`` leaves out the one check that reads
+    tensor values (labels in range on the CPU)."""
+    tensors = dict(zip(INPUTS, (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)))
+    _require_tensors(INPUTS, tensors.values())
     if pd_scores.dim() != 3:
         raise ValueError(f"pd_scores must be (B, A, C), got {_shape(pd_scores)}")
     bs, n_anchors, n_cls = pd_scores.shape
@@ -93,43 +138,315 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
             raise TypeError(f"{name} must be float32 or float64, got {tensors[name].dtype}: half-precision boxes "
                             f"cannot hold pixel coordinates (11 significant bits) and their overlaps overflow to NaN "
                             f"(docs/odd-inputs.md). Pass {name}.float(), as the peer trainer's losses do")
-    devices = {t.device for t in tensors.values()}
-    if len(devices) > 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
+    _one_device(tensors)
     if n_cls != num_classes:
         raise ValueError(f"num_classes is {num_classes} but pd_scores has {n_cls} classes")
-    if int(topk) < 1:
-        raise ValueError(f"topk must be >= 1, got {topk}")
-    if topk2 is not None and int(topk2) < 1:
-        raise ValueError(f"topk2 must be >= 1 (or None for topk), got {topk2}")
     if n_boxes > 0 and max(topk, topk2 or topk) > n_anchors:
         raise ValueError(f"topk ({topk}) and topk2 ({topk2}) must not exceed the number of anchors ({n_anchors})")
-    stride = list(stride)
-    if not stride or any(not (math.isfinite(float(s)) and float(s) > 0) for s in stride):
-        raise ValueError(f"stride must be a non-empty list of positive numbers, got {stride}")
     if gt_labels.is_complex() or gt_labels.dtype == torch.bool:
         raise TypeError(f"gt_labels must hold class ids (float or integer), got {gt_labels.dtype}")
     if read_values and pd_scores.device.type == "cpu":  # values can be read without a device synchronisation
-        _check_label_values(gt_labels, mask_gt, num_classes)
+        reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
 
 
-BOX_DTYPES = (torch.float32, torch.float64)  # the boxes every backend takes (anchors may be narrower: widened exactly)
+def _one_device(tensors: dict) -> None:
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
 
 
-def check_eps(eps) -> None:
-    """eps must be a positive number: step 6 divides by ``pa + eps``, and with eps <= 0 a row that owns nothing
-    (pa = 0) divides 0 by 0 (docs/spec.md, "Inputs")."""
-    try:
-        ok = math.isfinite(float(eps)) and float(eps) > 0
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+def check_pose_inputs(pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_range):
+    """Raise ValueError/TypeError naming the argument when the pose inputs do not fit the box inputs (which
+    check_inputs checked)."""
+    tensors = dict(zip(POSE_INPUTS, (anc_strides, pd_kpts, gt_kpts, sigmas)))
+    _require_tensors(POSE_INPUTS, tensors.values())
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if gt_bboxes.shape[-1] != 4:
+        raise ValueError(f"the pose assignment takes x1y1x2y2 boxes: gt_bboxes must be (B, M, 4), got "
+                         f"{_shape(gt_bboxes)}")
+    bs, n_anchors = pd_scores.shape[:2]
+    n_boxes = gt_bboxes.shape[1]
+    if gt_kpts.dim() != 4 or _shape(gt_kpts)[:2] != (bs, n_boxes) or gt_kpts.shape[3] != 3:
+        raise ValueError(f"gt_kpts must be (B, M, K, 3) = ({bs}, {n_boxes}, K, 3), got {_shape(gt_kpts)}")
+    n_kpts = gt_kpts.shape[2]
+    if _shape(pd_kpts) != (bs, n_anchors, n_kpts, 2):
+        raise ValueError(f"pd_kpts must have shape {(bs, n_anchors, n_kpts, 2)} (from pd_scores and gt_kpts), got "
+                         f"{_shape(pd_kpts)}")
+    if _shape(sigmas) != (n_kpts,):
+        raise ValueError(f"sigmas must have shape ({n_kpts},) (from gt_kpts), got {_shape(sigmas)}")
+    if _shape(anc_strides) != (n_anchors,):
+        raise ValueError(f"anc_strides must have shape ({n_anchors},) (from pd_scores), got {_shape(anc_strides)}")
+    _one_device(dict(tensors, pd_scores=pd_scores))
 
 
-def _check_label_values(gt_labels, mask_gt, num_classes):
-    """The one check that reads values (so on the CPU only; CUDA checks labels on the device)."""
-    reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
+def check_seg_inputs(pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks):
+    """Raise ValueError/TypeError naming the argument when the mask inputs do not fit the box inputs (which
+    check_inputs checked)."""
+    tensors = dict(zip(SEG_INPUTS, (pd_coef, mask_scale, proto, gt_masks)))
+    _require_tensors(SEG_INPUTS, tensors.values())
+    for name in ("pd_coef", "mask_scale", "proto"):
+        if not tensors[name].is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {tensors[name].dtype}")
+    if gt_masks.is_complex():
+        raise TypeError(f"gt_masks must be bool or real (nonzero: inside the object), got {gt_masks.dtype}")
+    if gt_bboxes.shape[-1] != 4:
+        raise ValueError(f"the segmentation assignment takes x1y1x2y2 boxes: gt_bboxes must be (B, M, 4), got "
+                         f"{_shape(gt_bboxes)}")
+    bs, n_anchors = pd_scores.shape[:2]
+    n_boxes = gt_bboxes.shape[1]
+    if proto.dim() != 4 or proto.shape[0] != bs:
+        raise ValueError(f"proto must be (B, nm, mh, mw) with B = {bs}, got {_shape(proto)}")
+    nm, mh, mw = proto.shape[1:]
+    if _shape(pd_coef) != (bs, n_anchors, nm):
+        raise ValueError(f"pd_coef must have shape {(bs, n_anchors, nm)} (from pd_scores and proto), got "
+                         f"{_shape(pd_coef)}")
+    if _shape(mask_scale) not in ((bs, 1), (bs,)):
+        raise ValueError(f"mask_scale must have shape ({bs}, 1), got {_shape(mask_scale)}")
+    if (gt_masks.dim() != 4 or gt_masks.shape[0] != bs or gt_masks.shape[1] < n_boxes
+            or _shape(gt_masks)[2:] != (mh, mw)):
+        raise ValueError(f"gt_masks must be (B, >= M, mh, mw) = ({bs}, >= {n_boxes}, {mh}, {mw}) (from gt_bboxes and "
+                         f"proto), got {_shape(gt_masks)}")
+    _one_device(dict(tensors, pd_scores=pd_scores))
+    if pd_coef.dtype != proto.dtype and not _autocast_on(pd_coef):
+        raise TypeError(f"pd_coef and proto must have one dtype outside autocast (their product decodes the masks), "
+                        f"got {pd_coef.dtype} and {proto.dtype}")
+
+
+def _autocast_on(t: torch.Tensor) -> bool:
+    kind = t.device.type
+    return kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind)
+
+
+# ---- what the kernels take -------------------------------------------------------------------------------------
+
+
+def _widens_exactly(narrow: torch.dtype, wide: torch.dtype) -> bool:
+    return narrow == wide or torch.promote_types(narrow, wide) == wide
+
+
+def device_unsupported(device: str) -> Reason | None:
+    """Why the compiled assign cannot run on tensors of this device type at all, or None when it can."""
+    if not _library.loaded():
+        return Reason(f"the compiled library is not loaded ({_library.LOAD_ERROR})", _library.LOAD_FIX)
+    if device not in ("cpu", "cuda") or not _library.has_kernel("assign", device):
+        return Reason(f"the compiled library has no assign kernel for {device} tensors", _rebuild_fix(device))
+    return None
+
+
+def _rebuild_fix(device: str) -> str:
+    if device == "cuda":
+        return ("build lucid-assign with its CUDA kernels (needs nvcc and a CUDA build of torch): FORCE_CUDA=1 pip "
+                "install --force-reinstall --no-deps --no-cache-dir lucid-assign")
+    return f"run the assignment on CPU or CUDA tensors, not {device}"
+
+
+def _box_unsupported(device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> Reason | None:
+    why = device_unsupported(device)
+    if why:
+        return why
+    allowed = (torch.float32, torch.float64) if device == "cpu" else (torch.float32,)
+    if box_dtype not in allowed:
+        return Reason(f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}",
+                      "pass float32 boxes (gt_bboxes and pd_bboxes) and anchors" + (
+                          "; float64 runs on the CPU kernel, or on the reference on CUDA" if device == "cuda" else ""))
+    if pd_dtype != box_dtype or not _widens_exactly(anchor_dtype, box_dtype):
+        return Reason(f"the kernel needs pd_bboxes of the dtype of gt_bboxes and anc_points of it or a narrower float "
+                      f"type, got {pd_dtype}, {anchor_dtype} and {box_dtype}",
+                      f"pass pd_bboxes and anc_points as {box_dtype}, the dtype of gt_bboxes")
+    score_ok = (torch.float32, torch.float16, torch.bfloat16) if box_dtype == torch.float32 else (torch.float64,)
+    if score_dtype not in score_ok:
+        return Reason(f"the kernel takes {'/'.join(str(d) for d in score_ok)} scores with {box_dtype} boxes, got "
+                      f"{score_dtype}", f"pass pd_scores as {score_ok[0]} with {box_dtype} boxes")
+    return None
+
+
+def _pose_unsupported(device, box_dtype, strides_dtype, pd_kpts_dtype, gt_kpts_dtype, sigmas_dtype,
+                      n_kpts) -> Reason | None:
+    if not _library.has_kernel("assign_pose", device):
+        return Reason(f"the compiled library has no assign_pose kernel for {device} tensors", _rebuild_fix(device))
+    most = _library.limit("MAX_KEYPOINTS")
+    if n_kpts > most:
+        return Reason(f"the kernels take at most {most} keypoints per object, got {n_kpts}",
+                      "none is needed for the results, which are the same; for speed, use at most "
+                      f"{most} keypoints, or pass backend='reference' to choose the reference without this warning")
+    if gt_kpts_dtype != box_dtype or sigmas_dtype != box_dtype:
+        return Reason(f"the kernel needs gt_kpts and sigmas of the dtype of gt_bboxes ({box_dtype}), got "
+                      f"{gt_kpts_dtype} and {sigmas_dtype}", f"pass gt_kpts and sigmas as {box_dtype}")
+    if not _widens_exactly(strides_dtype, box_dtype):
+        return Reason(f"the kernel needs anc_strides of the dtype of gt_bboxes or a narrower float type, got "
+                      f"{strides_dtype}", f"pass anc_strides as {box_dtype}")
+    return None
+
+
+def _seg_unsupported(device, box_dtype, scale_dtype, pixels) -> Reason | None:
+    if not _library.has_kernel("assign_seg", device):
+        return Reason(f"the compiled library has no assign_seg kernel for {device} tensors", _rebuild_fix(device))
+    if scale_dtype not in (torch.float32, torch.float64):
+        return Reason(f"the kernel takes a float32 or float64 mask_scale, got {scale_dtype}",
+                      "pass mask_scale as float32 (mask_scale.float())")
+    most = _library.limit("MAX_MASK_PIXELS")
+    if pixels > most:
+        return Reason(f"the kernels take masks of at most {most} pixels (exact float32 counts), got {pixels}",
+                      "none is needed for the results, which are the same; for speed, use smaller masks")
+    return None
+
+
+class _Task(NamedTuple):
+    """What the three entry points differ in; the dispatch (dispatch) is one."""
+
+    name: str  # of the op (torch.ops.lucid.<name>, ops.<name>) and of the reference's function (reference.<name>)
+    extra_names: tuple  # the inputs after the six box inputs
+    check_extra: Callable | None  # (pd_scores, gt_bboxes, *extra, **task settings) -> None
+    support_key: Callable | None  # (*extra) -> what the kernel's support of the extra inputs depends on
+    extra_unsupported: Callable | None  # (device, box dtype, *support key) -> Reason | None
+
+
+def _pose_support_key(anc_strides, pd_kpts, gt_kpts, sigmas) -> tuple:
+    n_kpts = gt_kpts.shape[2] if gt_kpts.dim() == 4 else 0  # a bad shape is the op's to report
+    return anc_strides.dtype, pd_kpts.dtype, gt_kpts.dtype, sigmas.dtype, n_kpts
+
+
+def _seg_support_key(pd_coef, mask_scale, proto, gt_masks) -> tuple:
+    pixels = proto.shape[-2] * proto.shape[-1] if proto.dim() == 4 else 0
+    return mask_scale.dtype, pixels
+
+
+_BOX = _Task("assign", (), None, None, None)
+_POSE = _Task("assign_pose", POSE_INPUTS, lambda s, g, *extra, level_range: check_pose_inputs(s, g, *extra, level_range),
+              _pose_support_key, _pose_unsupported)
+_SEG = _Task("assign_seg", SEG_INPUTS, lambda s, g, *extra: check_seg_inputs(s, g, *extra), _seg_support_key,
+             _seg_unsupported)
+TASKS = {t.name: t for t in (_BOX, _POSE, _SEG)}
+
+_unsupported: dict = {}  # support key -> Reason | None
+
+
+def _support_key(task: _Task, box, extra) -> tuple:
+    """What the kernel's support of a call depends on: the op, the device type, the dtypes and the sizes the kernels
+    limit (their shapes otherwise are the op's to check)."""
+    pd_scores, pd_bboxes, anc_points, _, gt_bboxes, _ = box
+    key = (task.name, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype, gt_bboxes.dtype)
+    return key if task.support_key is None else key + task.support_key(*extra)
+
+
+def _reason(key: tuple) -> Reason | None:
+    """Why the op cannot take calls of this support key, or None; asked once per key."""
+    if key not in _unsupported:
+        why = _box_unsupported(*key[1:6])
+        extra_unsupported = TASKS[key[0]].extra_unsupported
+        if why is None and extra_unsupported is not None:
+            why = extra_unsupported(key[1], key[5], *key[6:])
+        _unsupported[key] = why
+    return _unsupported[key]
+
+
+def unsupported(task: str, box: Sequence[torch.Tensor], extra: Sequence[torch.Tensor] = ()) -> Reason | None:
+    """Why the compiled op ``task`` ("assign", "assign_pose" or "assign_seg") cannot take these tensors (``box``: the
+    six box inputs, ``extra``: the pose or mask inputs), or None when it can."""
+    return _reason(_support_key(TASKS[task], box, extra))
+
+
+def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> Reason | None:
+    """Why the compiled assign cannot take these box inputs, or None when it can."""
+    return unsupported("assign", (pd_scores, pd_bboxes, anc_points, None, gt_bboxes, None))
+
+
+def kernel_fix(device: str, why: str) -> str:
+    """What to do so that the kernel runs, for a reason given by unsupported()."""
+    return getattr(why, "fix", None) or "see docs/odd-inputs.md for what each backend takes"
+
+
+def resolve_backend(backend: str) -> str:
+    """``backend``, or ``LUCID_ASSIGN_BACKEND`` when set, checked."""
+    forced = os.environ.get(ENV_BACKEND)
+    if forced:
+        if forced not in BACKENDS:
+            raise ValueError(f"{ENV_BACKEND} must be one of {BACKENDS}, got {forced!r}")
+        backend = forced
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+# ---- the dispatch ----------------------------------------------------------------------------------------------
+
+
+def _check_all(task: _Task, box, extra, settings: dict, task_settings: dict, read_values: bool) -> None:
+    check_inputs(*box, topk=settings["topk"], topk2=settings["topk2"], num_classes=settings["num_classes"],
+                 stride=settings["stride"], read_values=read_values)
+    if task.check_extra is not None:
+        task.check_extra(box[0], box[4], *extra, **task_settings)
+
+
+def _choose(task: _Task, box, extra, settings: dict, task_settings: dict, backend: str,
+            on_unsupported: Callable | None = None) -> str:
+    """"kernel" or "reference", or what ``on_unsupported(why)`` returns for a call the kernel cannot take under
+    "auto" (the patched peer trainer hands it to the peer's own assigner). Every tensor is checked here unless the
+    kernel takes the call: the op checks them then."""
+    backend = resolve_backend(backend)
+    why = None
+    if backend != "reference":
+        _require_tensors(INPUTS + task.extra_names, (*box, *extra))
+        why = _reason(_support_key(task, box, extra))
+        if why is None:
+            return "kernel"
+    _check_all(task, box, extra, settings, task_settings, read_values=True)
+    if backend == "reference":
+        return "reference"
+    if on_unsupported is not None and backend == "auto":
+        return on_unsupported(why)
+    return _fallback(backend, why, box[0].device.type)
+
+
+def _fallback(backend: str, why: Reason, device: str) -> str:
+    if backend == "kernel":
+        raise RuntimeError(f"backend='kernel' cannot run: {why}")
+    if why not in _warned:  # say it once per reason: users hate silent slow paths
+        _warned.add(why)
+        warn_caller(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}. Fix: "
+                    f"{kernel_fix(device, why)}")
+    return "reference"
+
+
+def _choice_for(backend: str, key: tuple) -> str:
+    """The choice for a call of this support key whose tensors passed their checks."""
+    backend = resolve_backend(backend)
+    if backend == "reference":
+        return "reference"
+    why = _reason(key)
+    return "kernel" if why is None else _fallback(backend, why, key[1])
+
+
+# torch.compile traces the choice as its result: it reads the environment, the library's registrations and a cache,
+# which the graph does not need to see (they are settled before the first call).
+_traced_choice = torch.compiler.assume_constant_result(_choice_for)
+
+
+def dispatch(task: _Task, box, extra, settings: dict, task_settings: dict, backend: str,
+         on_unsupported: Callable | None = None):
+    """The one dispatch of assign, assign_pose and assign_seg: the settings checked, the backend chosen, the call
+    run. With ``on_unsupported``, a call the kernel cannot take under "auto" returns ``on_unsupported(why)`` (None
+    then: the caller runs it elsewhere)."""
+    check_settings(topk=settings["topk"], topk2=settings["topk2"], stride=settings["stride"], eps=settings["eps"],
+                   rules=settings["rules"], **task_settings)
+    if torch.compiler.is_compiling():
+        _check_all(task, box, extra, settings, task_settings, read_values=False)
+        choice = _traced_choice(backend, _support_key(task, box, extra))
+    else:
+        choice = _choose(task, box, extra, settings, task_settings, backend, on_unsupported)
+    stride = list(settings["stride"])
+    kw = dict(topk=settings["topk"], topk2=settings["topk2"], num_classes=settings["num_classes"],
+              alpha=settings["alpha"], beta=settings["beta"], eps=settings["eps"], rules=settings["rules"])
+    if choice == "kernel":
+        # anchors of a narrower float type (bf16 under autocast, as the peer trainer makes them) are widened by the
+        # kernel: exact, and what the reference's type promotion does in every operation
+        return getattr(ops, task.name)(*box, *extra, stride_val=reference.stride_value(stride),
+                                       first_stride=stride[0], **kw, **task_settings)
+    if choice == "reference":
+        return getattr(reference, task.name)(*box, *extra, stride=stride, **kw, **task_settings)
+    return None
 
 
 def assign(
@@ -173,67 +490,10 @@ def assign(
     labels out of range are caught by the op itself (CPU: an error; CUDA: a device-side assertion) or, on the
     reference path, by an assertion in the graph.
     """
-    check_eps(eps)
-    reference.check_rules(rules, topk, topk2)
-    if torch.compiler.is_compiling():
-        check_inputs(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-            topk=topk, topk2=topk2, num_classes=num_classes, stride=stride, read_values=False,
-        )
-        choice = _traced_choice(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
-                                gt_bboxes.dtype)
-        stride_val = reference.stride_value(stride) if choice == "kernel" else None
-    else:
-        stride_val = _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                   num_classes, stride, backend)
-    if stride_val is not None:
-        # anchors of a narrower float type (bf16 under autocast, as the peer trainer makes them) are widened by the
-        # kernel: exact, and what the reference's type promotion does in every operation
-        return ops.assign(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk=topk, topk2=topk2,
-            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
-            rules=rules, first_stride=stride[0],
-        )
-    return reference.assign(
-        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-        topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
-        rules=rules,
-    )
-
-
-def check_pose_inputs(pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigmas, level_range):
-    """Raise ValueError/TypeError naming the argument when the pose inputs do not fit the box inputs (which
-    check_inputs checked)."""
-    tensors = dict(anc_strides=anc_strides, pd_kpts=pd_kpts, gt_kpts=gt_kpts, sigmas=sigmas)
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
-    if gt_bboxes.shape[-1] != 4:
-        raise ValueError(f"the pose assignment takes x1y1x2y2 boxes: gt_bboxes must be (B, M, 4), got "
-                         f"{_shape(gt_bboxes)}")
-    bs, n_anchors = pd_scores.shape[:2]
-    n_boxes = gt_bboxes.shape[1]
-    if gt_kpts.dim() != 4 or _shape(gt_kpts)[:2] != (bs, n_boxes) or gt_kpts.shape[3] != 3:
-        raise ValueError(f"gt_kpts must be (B, M, K, 3) = ({bs}, {n_boxes}, K, 3), got {_shape(gt_kpts)}")
-    n_kpts = gt_kpts.shape[2]
-    if _shape(pd_kpts) != (bs, n_anchors, n_kpts, 2):
-        raise ValueError(f"pd_kpts must have shape {(bs, n_anchors, n_kpts, 2)} (from pd_scores and gt_kpts), got "
-                         f"{_shape(pd_kpts)}")
-    if _shape(sigmas) != (n_kpts,):
-        raise ValueError(f"sigmas must have shape ({n_kpts},) (from gt_kpts), got {_shape(sigmas)}")
-    if _shape(anc_strides) != (n_anchors,):
-        raise ValueError(f"anc_strides must have shape ({n_anchors},) (from pd_scores), got {_shape(anc_strides)}")
-    devices = {t.device for t in tensors.values()} | {pd_scores.device}
-    if len(devices) > 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
-    try:
-        lo, hi = (float(v) for v in level_range)
-    except (TypeError, ValueError):
-        raise ValueError(f"level_range must be two numbers (lo, hi), got {level_range!r}") from None
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        raise ValueError(f"level_range must be two finite numbers, got {level_range!r}")
+    settings = dict(topk=topk, topk2=topk2, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride,
+                    rules=rules)
+    box = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+    return dispatch(_BOX, box, (), settings, {}, backend)
 
 
 def assign_pose(
@@ -275,71 +535,10 @@ def assign_pose(
     Returns and backends: as ``assign``. The kernels take 0 to 63 keypoints, ``gt_kpts`` and ``sigmas`` of the boxes'
     dtype and ``anc_strides`` of it or a narrower float type; other inputs run on the reference with ``"auto"``.
     """
-    check_eps(eps)
-    reference.check_rules(rules, topk, topk2)
-    pose = (anc_strides, pd_kpts, gt_kpts, sigmas)
-    if torch.compiler.is_compiling():
-        check_inputs(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-            topk=topk, topk2=topk2, num_classes=num_classes, stride=stride, read_values=False,
-        )
-        check_pose_inputs(pd_scores, gt_bboxes, *pose, level_range)
-        choice = _traced_choice(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
-                                gt_bboxes.dtype, _pose_key(*pose))
-        stride_val = reference.stride_value(stride) if choice == "kernel" else None
-    else:
-        stride_val = _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                   num_classes, stride, backend, pose=pose, level_range=level_range)
-    if stride_val is not None:
-        return ops.assign_pose(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *pose, topk=topk, topk2=topk2,
-            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
-            rules=rules, first_stride=stride[0],
-            level_range=level_range,
-        )
-    return reference.assign_pose(
-        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *pose, level_range=level_range,
-        topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
-        rules=rules,
-    )
-
-
-def check_seg_inputs(pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks):
-    """Raise ValueError/TypeError naming the argument when the mask inputs do not fit the box inputs (which
-    check_inputs checked)."""
-    tensors = dict(pd_coef=pd_coef, mask_scale=mask_scale, proto=proto, gt_masks=gt_masks)
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    for name in ("pd_coef", "mask_scale", "proto"):
-        if not tensors[name].is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {tensors[name].dtype}")
-    if gt_masks.is_complex():
-        raise TypeError(f"gt_masks must be bool or real (nonzero: inside the object), got {gt_masks.dtype}")
-    if gt_bboxes.shape[-1] != 4:
-        raise ValueError(f"the segmentation assignment takes x1y1x2y2 boxes: gt_bboxes must be (B, M, 4), got "
-                         f"{_shape(gt_bboxes)}")
-    bs, n_anchors = pd_scores.shape[:2]
-    n_boxes = gt_bboxes.shape[1]
-    if proto.dim() != 4 or proto.shape[0] != bs:
-        raise ValueError(f"proto must be (B, nm, mh, mw) with B = {bs}, got {_shape(proto)}")
-    nm, mh, mw = proto.shape[1:]
-    if _shape(pd_coef) != (bs, n_anchors, nm):
-        raise ValueError(f"pd_coef must have shape {(bs, n_anchors, nm)} (from pd_scores and proto), got "
-                         f"{_shape(pd_coef)}")
-    if _shape(mask_scale) not in ((bs, 1), (bs,)):
-        raise ValueError(f"mask_scale must have shape ({bs}, 1), got {_shape(mask_scale)}")
-    if (gt_masks.dim() != 4 or gt_masks.shape[0] != bs or gt_masks.shape[1] < n_boxes
-            or _shape(gt_masks)[2:] != (mh, mw)):
-        raise ValueError(f"gt_masks must be (B, >= M, mh, mw) = ({bs}, >= {n_boxes}, {mh}, {mw}) (from gt_bboxes and "
-                         f"proto), got {_shape(gt_masks)}")
-    devices = {t.device for t in tensors.values()} | {pd_scores.device}
-    if len(devices) > 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(str(d) for d in devices)}")
-    autocast = torch.is_autocast_enabled(pd_coef.device.type) if pd_coef.device.type in ("cuda", "cpu") else False
-    if pd_coef.dtype != proto.dtype and not autocast:
-        raise TypeError(f"pd_coef and proto must have one dtype outside autocast (their product decodes the masks), "
-                        f"got {pd_coef.dtype} and {proto.dtype}")
+    settings = dict(topk=topk, topk2=topk2, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride,
+                    rules=rules)
+    box = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+    return dispatch(_POSE, box, (anc_strides, pd_kpts, gt_kpts, sigmas), settings, dict(level_range=level_range), backend)
 
 
 def assign_seg(
@@ -379,296 +578,10 @@ def assign_seg(
     its shapes from the chosen pairs), so the call cannot be captured in a CUDA graph. The kernels take a float32 or
     float64 ``mask_scale``; other inputs run on the reference with ``"auto"``.
     """
-    out = seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
-                          gt_masks, topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride,
-                          topk2=topk2, backend=backend, rules=rules)
-    if out is not None:
-        return out
-    check_eps(eps)
-    reference.check_rules(rules, topk, topk2)
-    seg = (pd_coef, mask_scale, proto, gt_masks)
-    if torch.compiler.is_compiling():
-        check_inputs(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-            topk=topk, topk2=topk2, num_classes=num_classes, stride=stride, read_values=False,
-        )
-        check_seg_inputs(pd_scores, gt_bboxes, *seg)
-        choice = _traced_choice(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
-                                gt_bboxes.dtype, _seg_key(*seg))
-        stride_val = reference.stride_value(stride) if choice == "kernel" else None
-    else:
-        stride_val = _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2,
-                                   num_classes, stride, backend, seg=seg)
-    if stride_val is not None:
-        return ops.assign_seg(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *seg, topk=topk, topk2=topk2,
-            num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
-            rules=rules, first_stride=stride[0],
-        )
-    return reference.assign_seg(
-        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *seg,
-        topk=topk, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride, topk2=topk2,
-        rules=rules,
-    )
-
-
-def seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto,
-                    gt_masks, *, topk, num_classes, alpha, beta, eps, stride, topk2, backend,
-                    rules=reference.DEFAULT_RULES):
-    """assign_seg's outputs when a call of the same signature (_signature) once passed its checks and chose the
-    kernel, which they depend on alone: the kernel's call, with only eps checked again (and the labels on the CPU, as
-    _eager_checks does). Else None, and nothing is run: a caller that must know the backend before the call (the
-    patched peer assigner, which hands what the kernel cannot take to the peer) asks this first. In eager mode only.
-    """
-    if torch.compiler.is_compiling():
-        return None
-    key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
-                     stride, backend, seg=(pd_coef, mask_scale, proto, gt_masks))
-    stride_val = _kernel_calls.get(key) if key is not None else None
-    if stride_val is None:
-        return None
-    check_eps(eps)
-    reference.check_rules(rules, topk, topk2)
-    if pd_scores.is_cpu:
-        _check_label_values(gt_labels, mask_gt, num_classes)
-    return ops.assign_seg(
-        pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
-        topk=topk, topk2=topk2, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride_val=stride_val,
-        rules=rules, first_stride=stride[0],
-    )
-
-
-def _pose_key(anc_strides, pd_kpts, gt_kpts, sigmas) -> tuple:
-    """What the kernel's support of the pose inputs depends on."""
-    return "pose", anc_strides.dtype, pd_kpts.dtype, gt_kpts.dtype, sigmas.dtype, gt_kpts.shape[2]
-
-
-def pose_unsupported(device, box_dtype, pose_key) -> Reason | None:
-    """Why the compiled assign_pose cannot take these pose inputs (beyond what kernel_unsupported says of the box
-    inputs), or None when it can."""
-    _, strides_dtype, pd_kpts_dtype, gt_kpts_dtype, sigmas_dtype, n_kpts = pose_key
-    if not _library.has_kernel("assign_pose", device):
-        return Reason(f"the compiled library has no assign_pose kernel for {device} tensors", _rebuild_fix(device))
-    most = _library.limit("MAX_KEYPOINTS")
-    if n_kpts > most:
-        return Reason(f"the kernels take at most {most} keypoints per object, got {n_kpts}",
-                      "none is needed for the results, which are the same; for speed, use at most "
-                      f"{most} keypoints, or pass backend='reference' to choose the reference without this warning")
-    if gt_kpts_dtype != box_dtype or sigmas_dtype != box_dtype:
-        return Reason(f"the kernel needs gt_kpts and sigmas of the dtype of gt_bboxes ({box_dtype}), got "
-                      f"{gt_kpts_dtype} and {sigmas_dtype}", f"pass gt_kpts and sigmas as {box_dtype}")
-    if not _widens_exactly(strides_dtype, box_dtype):
-        return Reason(f"the kernel needs anc_strides of the dtype of gt_bboxes or a narrower float type, got "
-                      f"{strides_dtype}", f"pass anc_strides as {box_dtype}")
-    return None
-
-
-def _seg_key(pd_coef, mask_scale, proto, gt_masks) -> tuple:
-    """What the kernel's support of the segmentation inputs depends on."""
-    return "seg", mask_scale.dtype, proto.shape[-2] * proto.shape[-1]
-
-
-def seg_unsupported(device, box_dtype, seg_key) -> Reason | None:
-    """Why the compiled assign_seg cannot take these mask inputs (beyond what kernel_unsupported says of the box
-    inputs), or None when it can."""
-    if not _library.has_kernel("assign_seg", device):
-        return Reason(f"the compiled library has no assign_seg kernel for {device} tensors", _rebuild_fix(device))
-    _, scale_dtype, pixels = seg_key
-    if scale_dtype not in (torch.float32, torch.float64):
-        return Reason(f"the kernel takes a float32 or float64 mask_scale, got {scale_dtype}",
-                      "pass mask_scale as float32 (mask_scale.float())")
-    most = _library.limit("MAX_MASK_PIXELS")
-    if pixels > most:
-        return Reason(f"the kernels take masks of at most {most} pixels (exact float32 counts), got {pixels}",
-                      "none is needed for the results, which are the same; for speed, use smaller masks")
-    return None
-
-
-def extra_unsupported(device, box_dtype, key) -> str | None:
-    """pose_unsupported or seg_unsupported, by the kind of ``key`` (from _pose_key or _seg_key); asked once per
-    combination, as _unsupported_for asks of the box inputs."""
-    at = (device, box_dtype, key)
-    if at not in _unsupported:
-        _unsupported[at] = (pose_unsupported if key[0] == "pose" else seg_unsupported)(device, box_dtype, key)
-    return _unsupported[at]
-
-
-def _eager_checks(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,
-                  backend, pose=None, level_range=None, seg=None):
-    """check_inputs (and check_pose_inputs for the pose tensors ``pose``, check_seg_inputs for the mask tensors
-    ``seg``) and the choice of backend, remembered per signature: the stride value to give the kernel, or None for the
-    reference."""
-    key = _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
-                     stride, backend, pose, seg)
-    if key is not None and pose is not None:
-        try:
-            key += (tuple(level_range),)
-            hash(key)
-        except TypeError:
-            key = None
-    stride_val = _kernel_calls.get(key) if key is not None else None
-    if stride_val is None:
-        check_inputs(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-            topk=topk, topk2=topk2, num_classes=num_classes, stride=stride,
-        )
-        extra_key = None
-        if pose is not None:
-            check_pose_inputs(pd_scores, gt_bboxes, *pose, level_range)
-            extra_key = _pose_key(*pose)
-        if seg is not None:
-            check_seg_inputs(pd_scores, gt_bboxes, *seg)
-            extra_key = _seg_key(*seg)
-        if _choose(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
-                   gt_bboxes.dtype, extra_key) == "kernel":
-            stride_val = reference.stride_value(stride)
-            if key is not None and len(_kernel_calls) < _KERNEL_CALLS_MAX:
-                _kernel_calls[key] = stride_val
-    elif pd_scores.device.type == "cpu":
-        _check_label_values(gt_labels, mask_gt, num_classes)
-    return stride_val
-
-
-# A trainer calls assign with the same shapes and settings step after step. The checks and the choice of backend
-# depend on nothing else (except the CPU's label check, which is repeated), so a signature that once passed them and
-# chose the kernel skips them. Fallbacks to the reference are not remembered: they warn as before.
-_kernel_calls: dict = {}  # signature -> the stride value to pass to the op
-_KERNEL_CALLS_MAX = 256
-
-
-def _signature(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes, stride,
-               backend, pose=None, seg=None):
-    """What check_inputs (with check_pose_inputs for the pose tensors ``pose``, check_seg_inputs for the mask tensors
-    ``seg``) and choose_backend depend on, or None when it cannot be hashed (they then run).
-
-    The object count M is left out: of it the checks ask only whether it is 0 and that the object tensors agree on it
-    (gt_masks: at least M rows). So an object tensor's shape enters without its object dimension but with whether
-    that relation holds (a signature where it does not fails its checks, and is never remembered): one signature
-    serves every M that a trainer's batches bring. The segmentation check also depends on whether autocast is on."""
-    try:
-        n_boxes = gt_bboxes.shape[1] if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 else -1
-        key = (os.environ.get(ENV_BACKEND), backend, topk, topk2, num_classes, tuple(stride), n_boxes == 0)
-        shaped, per_object, at_least = (pd_scores, pd_bboxes, anc_points), (gt_labels, gt_bboxes, mask_gt), ()
-        if pose is not None:
-            shaped += (pose[0], pose[1], pose[3])
-            per_object += (pose[2],)
-        if seg is not None:
-            shaped += seg[:3]
-            at_least = seg[3:]
-        for t in shaped:
-            if not isinstance(t, torch.Tensor):
-                return None
-            key += (t.shape, t.dtype, t.device)
-        for or_more, tensors in ((False, per_object), (True, at_least)):
-            for t in tensors:
-                if not isinstance(t, torch.Tensor):
-                    return None
-                s = t.shape
-                holds = len(s) >= 2 and (s[1] >= n_boxes if or_more else s[1] == n_boxes)
-                key += (s[0] if s else None, s[2:], holds, t.dtype, t.device)
-        if seg is not None and seg[0].dtype != seg[2].dtype:  # allowed under autocast alone
-            kind = seg[0].device.type
-            key += (kind in ("cuda", "cpu") and torch.is_autocast_enabled(kind),)
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
-def _widens_exactly(narrow: torch.dtype, wide: torch.dtype) -> bool:
-    return narrow == wide or torch.promote_types(narrow, wide) == wide
-
-
-def device_unsupported(device: str) -> Reason | None:
-    """Why the compiled assign cannot run on tensors of this device type at all, or None when it can."""
-    if not _library.loaded():
-        return Reason(f"the compiled library is not loaded ({_library.LOAD_ERROR})", _library.LOAD_FIX)
-    if device not in ("cpu", "cuda") or not _library.has_kernel("assign", device):
-        return Reason(f"the compiled library has no assign kernel for {device} tensors", _rebuild_fix(device))
-    return None
-
-
-def _rebuild_fix(device: str) -> str:
-    if device == "cuda":
-        return ("build lucid-assign with its CUDA kernels (needs nvcc and a CUDA build of torch): FORCE_CUDA=1 pip "
-                "install --force-reinstall --no-deps --no-cache-dir lucid-assign")
-    return f"run the assignment on CPU or CUDA tensors, not {device}"
-
-
-def kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes) -> Reason | None:
-    """Why the compiled assign cannot take these inputs, or None when it can."""
-    return _unsupported_for(pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
-                            gt_bboxes.dtype)
-
-
-def _unsupported_for(*key) -> Reason | None:
-    if key not in _unsupported:  # depends on the device type and dtypes alone: asked once per combination
-        _unsupported[key] = _kernel_unsupported(*key)
-    return _unsupported[key]
-
-
-_unsupported: dict = {}
-
-
-def _kernel_unsupported(device, score_dtype, pd_dtype, anchor_dtype, box_dtype) -> Reason | None:
-    why = device_unsupported(device)
-    if why:
-        return why
-    allowed = (torch.float32, torch.float64) if device == "cpu" else (torch.float32,)
-    if box_dtype not in allowed:
-        return Reason(f"the {device} kernel takes {' or '.join(str(d) for d in allowed)} boxes, got {box_dtype}",
-                      "pass float32 boxes (gt_bboxes and pd_bboxes) and anchors" + (
-                          "; float64 runs on the CPU kernel, or on the reference on CUDA" if device == "cuda" else ""))
-    if pd_dtype != box_dtype or not _widens_exactly(anchor_dtype, box_dtype):
-        return Reason(f"the kernel needs pd_bboxes of the dtype of gt_bboxes and anc_points of it or a narrower float "
-                      f"type, got {pd_dtype}, {anchor_dtype} and {box_dtype}",
-                      f"pass pd_bboxes and anc_points as {box_dtype}, the dtype of gt_bboxes")
-    score_ok = (torch.float32, torch.float16, torch.bfloat16) if box_dtype == torch.float32 else (torch.float64,)
-    if score_dtype not in score_ok:
-        return Reason(f"the kernel takes {'/'.join(str(d) for d in score_ok)} scores with {box_dtype} boxes, got "
-                      f"{score_dtype}", f"pass pd_scores as {score_ok[0]} with {box_dtype} boxes")
-    return None
-
-
-def kernel_fix(device: str, why: str) -> str:
-    """What to do so that the kernel runs, for a reason given by kernel_unsupported, pose_unsupported or
-    seg_unsupported."""
-    return getattr(why, "fix", None) or "see docs/odd-inputs.md for what each backend takes"
-
-
-def choose_backend(backend: str, pd_scores, pd_bboxes, anc_points, gt_bboxes) -> str:
-    """Resolve ``backend`` (and ``LUCID_ASSIGN_BACKEND``) to "kernel" or "reference" for these inputs."""
-    return _choose(backend, pd_scores.device.type, pd_scores.dtype, pd_bboxes.dtype, anc_points.dtype,
-                   gt_bboxes.dtype)
-
-
-def _choose(backend, device, score_dtype, pd_dtype, anchor_dtype, box_dtype, extra_key=None) -> str:
-    forced = os.environ.get(ENV_BACKEND)
-    if forced:
-        if forced not in BACKENDS:
-            raise ValueError(f"{ENV_BACKEND} must be one of {BACKENDS}, got {forced!r}")
-        backend = forced
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "reference":
-        return "reference"
-    why = _unsupported_for(device, score_dtype, pd_dtype, anchor_dtype, box_dtype)
-    if why is None and extra_key is not None:
-        why = extra_unsupported(device, box_dtype, extra_key)
-    if why is None:
-        return "kernel"
-    if backend == "kernel":
-        raise RuntimeError(f"backend='kernel' cannot run: {why}")
-    if why not in _warned:  # say it once per reason: users hate silent slow paths
-        _warned.add(why)
-        warn_caller(f"lucid_assign: falling back to the pure-PyTorch reference assigner: {why}. Fix: "
-                    f"{kernel_fix(device, why)}")
-    return "reference"
-
-
-# torch.compile traces the choice as its result: it reads the environment, the library's registrations and a cache,
-# which the graph does not need to see (they are settled before the first call).
-_traced_choice = torch.compiler.assume_constant_result(_choose)
+    settings = dict(topk=topk, topk2=topk2, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride,
+                    rules=rules)
+    box = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
+    return dispatch(_SEG, box, (pd_coef, mask_scale, proto, gt_masks), settings, {}, backend)
 
 
 def backends() -> dict:
@@ -678,7 +591,6 @@ def backends() -> dict:
     for device in ("cpu", "cuda"):
         why = device_unsupported(device)
         probe[device] = "kernel" if why is None else f"reference ({why})"
-    forced = os.environ.get(ENV_BACKEND)
     return {
         "reference": True,
         "library": _library.loaded(),
@@ -687,7 +599,7 @@ def backends() -> dict:
         "cuda_ops": sorted(op for op in _OPS if _library.has_kernel(op, "cuda")),
         "cuda_device": torch.cuda.is_available(),
         "auto": probe,
-        "forced": forced,
+        "forced": os.environ.get(ENV_BACKEND),
     }
 
 

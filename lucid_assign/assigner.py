@@ -48,18 +48,26 @@ class TaskAlignedAssigner(nn.Module):
         self.stride_val = stride_value(self.stride)
         self.eps = eps
 
+    task = api.TASKS["assign"]
+
+    def _task_settings(self) -> dict:
+        return {}
+
+    def _assign(self, box: tuple, extra: tuple = (), on_unsupported=None):
+        """The assignment of the six box inputs ``box`` and the pose or mask inputs ``extra`` with this module's
+        settings (api.dispatch; ``on_unsupported``: as there)."""
+        gt_bboxes = box[4]
+        if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 and gt_bboxes.shape[-1] not in self.box_dims:
+            raise ValueError(f"{type(self).__name__} takes gt_bboxes with last dim in {self.box_dims}, got "
+                             f"{tuple(gt_bboxes.shape)}")
+        settings = dict(topk=self.topk, topk2=self.topk2, num_classes=self.num_classes, alpha=self.alpha,
+                        beta=self.beta, eps=self.eps, stride=self.stride, rules=self.rules)
+        return api.dispatch(self.task, box, extra, settings, self._task_settings(), self.backend, on_unsupported)
+
     @torch.no_grad()
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt):
         """Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``."""
-        if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 and gt_bboxes.shape[-1] not in self.box_dims:
-            raise ValueError(
-                f"{type(self).__name__} takes gt_bboxes with last dim in {self.box_dims}, got {tuple(gt_bboxes.shape)}"
-            )
-        return api.assign(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt,
-            topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
-            stride=self.stride, topk2=self.topk2, backend=self.backend, rules=self.rules,
-        )
+        return self._assign((pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt))
 
     def extra_repr(self) -> str:
         return (
@@ -92,19 +100,19 @@ class PoseTaskAlignedAssigner(TaskAlignedAssigner):
         super().__init__(**kwargs)
         self.sigmas = sigmas
 
+    task = api.TASKS["assign_pose"]
+
+    def _task_settings(self) -> dict:
+        return {"level_range": self.level_range}
+
     @torch.no_grad()
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts=None,
                 gt_kpts=None):
         """Returns ``(target_labels, target_bboxes, target_scores, fg_mask, target_gt_idx)``."""
         if pd_kpts is None or gt_kpts is None:
             raise TypeError(f"{type(self).__name__}.forward needs pd_kpts (B, A, K, 2) and gt_kpts (B, M, K, 3)")
-        if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 and gt_bboxes.shape[-1] not in self.box_dims:
-            raise ValueError(f"{type(self).__name__} takes gt_bboxes (B, M, 4), got {tuple(gt_bboxes.shape)}")
-        return api.assign_pose(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, pd_kpts, gt_kpts,
-            self.sigmas, topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
-            stride=self.stride, topk2=self.topk2, level_range=self.level_range, backend=self.backend,
-        )
+        return self._assign((pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt),
+                            (anc_strides, pd_kpts, gt_kpts, self.sigmas))
 
 
 class SegTaskAlignedAssigner(TaskAlignedAssigner):
@@ -121,6 +129,8 @@ class SegTaskAlignedAssigner(TaskAlignedAssigner):
 
     box_dims = (4,)
 
+    task = api.TASKS["assign_seg"]
+
     @torch.no_grad()
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef=None, mask_scale=None,
                 proto=None, gt_masks=None):
@@ -128,10 +138,5 @@ class SegTaskAlignedAssigner(TaskAlignedAssigner):
         if pd_coef is None or mask_scale is None or proto is None or gt_masks is None:
             raise TypeError(f"{type(self).__name__}.forward needs pd_coef (B, A, nm), mask_scale (B, 1), proto "
                             f"(B, nm, mh, mw) and gt_masks (B, M, mh, mw)")
-        if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 and gt_bboxes.shape[-1] not in self.box_dims:
-            raise ValueError(f"{type(self).__name__} takes gt_bboxes (B, M, 4), got {tuple(gt_bboxes.shape)}")
-        return api.assign_seg(
-            pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef, mask_scale, proto, gt_masks,
-            topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
-            stride=self.stride, topk2=self.topk2, backend=self.backend, rules=self.rules,
-        )
+        return self._assign((pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt),
+                            (pd_coef, mask_scale, proto, gt_masks))

@@ -200,7 +200,7 @@ def _one_device(*tensors) -> None:
     meta tensors with others is refused as one that mixes CPU and CUDA tensors is."""
     first = tensors[0].device
     for t in tensors[1:]:
-        torch._check(t.device == first, lambda: f"all inputs must be on one device: got {first} and {t.device}")
+        torch._check_value(t.device == first, lambda: f"all inputs must be on one device: got {first} and {t.device}")
 
 
 if _library.loaded():

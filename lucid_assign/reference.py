@@ -20,6 +20,12 @@ from typing import Sequence
 
 import torch
 
+# The inputs of the assignment, in the order every entry point takes them: the six box inputs, then the pose inputs
+# of assign_pose or the mask inputs of assign_seg (docs/spec.md, "Inputs").
+INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+POSE_INPUTS = ("anc_strides", "pd_kpts", "gt_kpts", "sigmas")
+SEG_INPUTS = ("pd_coef", "mask_scale", "proto", "gt_masks")
+
 # Margins and epsilons of docs/spec.md.
 HBB_MARGIN = 1e-9  # strict containment margin of the axis-aligned test
 IOU_EPS = 1e-7  # eps inside CIoU and probiou

@@ -107,11 +107,14 @@ def test_narrow_anchors_are_widened_for_the_kernel(library, spies):
         assert torch.equal(got[i], want[i])
 
 
-def test_repeated_calls_are_still_checked(library, spies):
-    """A call's shapes and settings, once checked and sent to the kernel, are not checked again; the check that
-    depends on values (labels on the CPU) still runs every time, and any other shape or setting is checked."""
+def test_the_kernel_path_is_checked_by_the_op(library, spies, monkeypatch):
+    """A call the kernel takes is checked once, by the op (csrc/checks.h), not by the Python layer: labels out of
+    range, a shape and a setting that do not fit are refused naming the argument, with the reference's exception
+    classes. The reference path has no checks of its own, so the Python layer checks its calls."""
+    checked = []
+    real = api.check_inputs
+    monkeypatch.setattr(api, "check_inputs", lambda *a, **k: checked.append(1) or real(*a, **k))
     args = list(make_problem(0, True))
-    lucid_assign.assign(*args, **KW)
     lucid_assign.assign(*args, **KW)
     bad = list(args)
     bad[3] = args[3].clone()
@@ -124,7 +127,10 @@ def test_repeated_calls_are_still_checked(library, spies):
         lucid_assign.assign(*bad, **KW)
     with pytest.raises(ValueError, match="num_classes"):
         lucid_assign.assign(*args, **dict(KW, num_classes=8))
-    assert spies == ["kernel", "kernel"]
+    assert checked == [] and spies == ["kernel"] * 4
+    with pytest.raises(ValueError, match="anc_points"):
+        lucid_assign.assign(*bad, backend="reference", **KW)
+    assert checked == [1] and spies == ["kernel"] * 4
 
 
 @pytest.mark.parametrize("position", range(6))
@@ -137,33 +143,16 @@ def test_a_non_tensor_argument_is_named(position):
         lucid_assign.assign(*args, **KW)
 
 
-def test_one_signature_serves_every_object_count(library, spies, monkeypatch):
-    """A trainer's batches bring a new object count M step after step: a signature once checked serves them all (the
-    checks ask only that the object tensors agree on M and whether it is 0), and the outputs are the reference's for
-    each. Object tensors that disagree on M, or a count that turns a topk the anchors allowed at M = 0 into one they
-    do not, are still refused, naming the argument."""
-    monkeypatch.setattr(api, "_kernel_calls", {})
-    checked = []
-    real = api.check_inputs
-    monkeypatch.setattr(api, "check_inputs", lambda *a, **k: checked.append(1) or real(*a, **k))
+def test_every_object_count_runs_the_kernel(library, spies):
+    """A trainer's batches bring a new object count M step after step: each runs the kernel, with the reference's
+    outputs."""
     for n_boxes in (12, 5, 30, 1):
         args = make_problem(n_boxes, True, n_boxes=n_boxes, pad_rows=min(3, n_boxes - 1))
         got = lucid_assign.assign(*args, **KW)
         want = reference.assign(*args, **KW)
         for i in (0, 1, 3, 4):
             assert torch.equal(got[i], want[i]), (n_boxes, i)
-    assert checked == [1] and len(api._kernel_calls) == 1 and spies == ["kernel", "reference"] * 4
-    args = make_problem(0, True)
-    for position, name in ((3, "gt_labels"), (5, "mask_gt")):
-        bad = list(args)
-        bad[position] = args[position][:, :-1]
-        with pytest.raises(ValueError, match=name):
-            lucid_assign.assign(*bad, **KW)
-    n_anchors = args[2].shape[0]
-    empty = [t[:, :0] if i in (3, 4, 5) else t for i, t in enumerate(args)]
-    lucid_assign.assign(*empty, **dict(KW, topk=n_anchors + 1))  # no objects: any topk
-    with pytest.raises(ValueError, match="topk"):
-        lucid_assign.assign(*args, **dict(KW, topk=n_anchors + 1))
+    assert spies == ["kernel", "reference"] * 4
 
 
 def _fallback_warnings(fn):

@@ -80,7 +80,7 @@ def test_invalid_input_names_the_argument(library, obb, entry, case):
     if entry == "op" and case == "stride empty":
         kw = {"stride": None}  # the op takes stride_val: -1 here
         word = "stride_val"
-    with pytest.raises((ValueError, TypeError, RuntimeError)) as err:
+    with pytest.raises((ValueError, TypeError)) as err:  # the op's checks raise these too (csrc/checks.h)
         fn(inputs, **kw)
     assert word in str(err.value), str(err.value)
 
@@ -135,7 +135,7 @@ def test_the_op_itself_refuses_a_meta_tensor_among_cpu_ones(library, op):
     else:
         mask = torch.ones(1, 4, 9, dtype=torch.bool)
         args = (mask, torch.rand(1, 4, 9, device="meta"))
-    with pytest.raises(RuntimeError, match="all inputs must be on one device"):
+    with pytest.raises(ValueError, match="all inputs must be on one device"):
         getattr(torch.ops.lucid, op)(*args)
 
 

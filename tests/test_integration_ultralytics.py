@@ -422,45 +422,36 @@ def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, lib
         assert torch.equal(a, b)
 
 
-def test_a_repeated_seg_call_goes_straight_to_the_kernel(integ, library, monkeypatch):
-    """The patched segmentation assigner asks api.seg_kernel_call first: a call whose signature once chose the kernel
-    runs the kernel without the fallback check and the module's layers (the same outputs), and so does one with
-    another object count (the signature leaves it out); another signature (a float64 mask_scale) or a backend forced
-    by the environment goes the long way; eps and, on the CPU, the labels are still checked on every call."""
+def test_a_patched_seg_call_is_checked_once(integ, library, monkeypatch):
+    """The patched segmentation assigner runs the kernel with no Python check of its tensors (the op checks them,
+    once), whatever the object count, with the reference's outputs; a float64 mask_scale runs the kernel too, a
+    backend forced by the environment the reference (checked by the Python layer); labels out of range and eps are
+    refused on every call."""
     from test_seg import SEG, problem
 
     from ultralytics.utils import loss
 
     from lucid_assign import api
 
-    monkeypatch.setattr(api, "_kernel_calls", {})
     integ.patch()
     ours = loss.SegTaskAlignedAssigner(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     inputs = problem(33)
     masks = dict(zip(SEG, inputs[6:]))
-    asked = []
-    real = integ._Patched._fallback_reason
-
-    def counted(self, *args, **kwargs):
-        asked.append(1)
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(integ._Patched, "_fallback_reason", counted)
-    first = ours(*inputs[:6], **masks)
-    second = ours(*inputs[:6], **masks)
-    assert len(asked) == 1
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    checked = []
+    for name in ("check_inputs", "check_seg_inputs"):
+        real = getattr(api, name)
+        monkeypatch.setattr(api, name, lambda *a, real=real, **k: checked.append(1) or real(*a, **k))
+    kw = dict(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     fewer = [t[:, :3] if i in (3, 4, 5) else t for i, t in enumerate(inputs)]
-    got = ours(*fewer[:6], **masks)
-    assert len(asked) == 1
-    want = reference.assign_seg(*fewer, topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
-    assert all(torch.equal(a, b) for a, b in zip(got[:2] + got[3:], want[:2] + want[3:]))
+    for x in (inputs, fewer):
+        got, want = ours(*x[:6], **masks), reference.assign_seg(*x, **kw)
+        assert all(torch.equal(a, b) for a, b in zip(got[:2] + got[3:], want[:2] + want[3:]))
     ours(*inputs[:6], **dict(masks, mask_scale=masks["mask_scale"].double()))
-    assert len(asked) == 2
+    assert checked == []
     monkeypatch.setenv(api.ENV_BACKEND, "reference")
     got = ours(*inputs[:6], **masks)
-    assert len(asked) == 3
-    want = reference.assign_seg(*inputs, topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
+    assert checked == [1, 1]
+    want = reference.assign_seg(*inputs, **kw)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     monkeypatch.delenv(api.ENV_BACKEND)
     bad = list(inputs)
@@ -471,7 +462,6 @@ def test_a_repeated_seg_call_goes_straight_to_the_kernel(integ, library, monkeyp
     ours.eps = 0.0
     with pytest.raises(ValueError, match="eps must be a positive number"):
         ours(*inputs[:6], **masks)
-    assert len(asked) == 3
 
 
 def test_leaving_a_patched_block_restores_the_state_before_it(integ):

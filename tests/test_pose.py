@@ -280,7 +280,7 @@ def test_inputs_not_modified(library, device):
 def test_more_keypoints_than_the_kernels_take(library):
     """64 keypoints: the kernels refuse with a clear error; backend "auto" runs the reference and says so once."""
     inputs = problem(15, keypoints=64)
-    with pytest.raises(RuntimeError, match="at most 63"):
+    with pytest.raises(ValueError, match="at most 63"):
         run_kernel(inputs, num_classes=3, topk=10)
     with pytest.raises(RuntimeError, match="at most 63"):
         api.assign_pose(*inputs, num_classes=3, topk=10, backend="kernel")
@@ -295,50 +295,69 @@ def test_more_keypoints_than_the_kernels_take(library):
 @pytest.mark.parametrize(
     "change, match",
     [
-        (lambda x: x.__setitem__(7, x[7][..., :1]), "pd_kpts must have shape"),
+        (lambda x: x.__setitem__(7, x[7][..., :1]), "pd_kpts must (have shape|be)"),
         (lambda x: x.__setitem__(8, x[8][..., :2]), "gt_kpts must be"),
-        (lambda x: x.__setitem__(9, x[9][:5]), "sigmas must have shape"),
-        (lambda x: x.__setitem__(6, x[6][:-1]), "anc_strides must have shape"),
-        (lambda x: x.__setitem__(6, x[6].long()), "anc_strides must be a floating-point"),
+        (lambda x: x.__setitem__(9, x[9][:5]), "sigmas must (have shape|be)"),
+        (lambda x: x.__setitem__(6, x[6][:-1]), "anc_strides must (have shape|be)"),
+        (lambda x: x.__setitem__(6, x[6].long()), "anc_strides must (be a floating-point|have the dtype)"),
         (lambda x: x.__setitem__(9, x[9].tolist()), "sigmas must be a torch.Tensor"),
     ],
     ids=["pd_kpts", "gt_kpts", "sigmas", "anc_strides", "strides_dtype", "sigmas_type"],
 )
-def test_bad_inputs_name_the_argument(change, match):
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_bad_inputs_name_the_argument(change, match, backend):
+    """Checked by the op on the kernel path (auto, with the library) and by the Python layer on the reference's."""
     inputs = problem(16)
     change(inputs)
     with pytest.raises((ValueError, TypeError), match=match):
-        api.assign_pose(*inputs, num_classes=3, topk=10)
+        api.assign_pose(*inputs, num_classes=3, topk=10, backend=backend)
 
 
-def test_one_signature_serves_every_object_count(library, monkeypatch):
-    """As for assign (test_dispatch.py): once a signature passed its checks, a call with another object count runs
-    the kernel without them, the reference's outputs; gt_kpts whose object count is not gt_bboxes' are still
-    refused."""
-    monkeypatch.setattr(api, "_kernel_calls", {})
-    kw = dict(num_classes=3, topk=10)
-    inputs = problem(40)
-    assert inputs[4].shape[1] > 3
-    api.assign_pose(*inputs, **kw)
+def test_the_kernel_path_is_checked_by_the_op(library, monkeypatch):
+    """As for assign (test_dispatch.py): a call the kernel takes runs no Python check of its tensors, whatever its
+    object count, and gives the reference's outputs; gt_kpts whose object count is not gt_bboxes' are refused by the
+    op, naming the argument."""
     checked = []
     real = api.check_pose_inputs
     monkeypatch.setattr(api, "check_pose_inputs", lambda *a: checked.append(1) or real(*a))
+    kw = dict(num_classes=3, topk=10)
+    inputs = problem(40)
+    assert inputs[4].shape[1] > 3
     fewer = [t[:, :3] if i in (3, 4, 5, 8) else t for i, t in enumerate(inputs)]
-    assert_kernel_matches(api.assign_pose(*fewer, **kw), run_reference(fewer, **kw), "cpu", inputs[8].shape[2])
-    assert checked == [] and len(api._kernel_calls) == 1
+    for x in (inputs, fewer):
+        assert_kernel_matches(api.assign_pose(*x, **kw), run_reference(x, **kw), "cpu", inputs[8].shape[2])
+    assert checked == []
     bad = list(inputs)
     bad[8] = inputs[8][:, :-1]
     with pytest.raises(ValueError, match="gt_kpts must be"):
         api.assign_pose(*bad, **kw)
+    assert checked == []
+
+
+def test_the_module_passes_its_rule_set(library):
+    """The drop-in pose module assigns under its own rule set (8.4.180: no level gate, the mean of CIoU and OKS), on
+    both backends."""
+    inputs = problem(41)
+    kw = dict(num_classes=3, topk=10)
+    outs = {}
+    for rules in ("8.4.144", "8.4.180"):
+        for backend in ("kernel", "reference"):
+            module = lucid_assign.PoseTaskAlignedAssigner(inputs[9], backend=backend, rules=rules, **kw)
+            outs[rules, backend] = module(*inputs[:9])
+        want = api.assign_pose(*inputs, rules=rules, backend="reference", **kw)
+        for backend in ("kernel", "reference"):
+            assert_kernel_matches(outs[rules, backend], want, "cpu", inputs[8].shape[2])
+    assert not torch.equal(outs["8.4.144", "reference"][2], outs["8.4.180", "reference"][2])
 
 
 def test_oriented_boxes_are_refused(library):
     inputs = problem(17)
     inputs[1] = torch.cat((inputs[1], torch.zeros_like(inputs[1][..., :1])), -1)
     inputs[4] = torch.cat((inputs[4], torch.zeros_like(inputs[4][..., :1])), -1)
+    for backend in ("auto", "reference"):
+        with pytest.raises(ValueError, match="x1y1x2y2"):
+            api.assign_pose(*inputs, num_classes=3, topk=10, backend=backend)
     with pytest.raises(ValueError, match="x1y1x2y2"):
-        api.assign_pose(*inputs, num_classes=3, topk=10)
-    with pytest.raises(RuntimeError, match="x1y1x2y2"):
         run_kernel(inputs, num_classes=3, topk=10)
 
 

@@ -40,9 +40,11 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
   const auto valid = mask_gt.reshape({B, M}).ne(0).contiguous();
   const auto labels = gt_labels.reshape({B, M}).to(at::kLong).contiguous();
   {
-    const auto bad = valid & ((labels < 0) | (labels >= C));
-    TORCH_CHECK(!bad.any().item<bool>(), "gt_labels: real objects (mask_gt != 0) must have labels in [0, ", C,
-                "); found ", labels.masked_select(bad).slice(0, 0, 5), " (first five)");
+    auto bad = (labels < 0) | (labels >= C);
+    if (gt_labels.is_floating_point()) bad |= gt_labels.reshape({B, M}).isnan();
+    bad &= valid;
+    TORCH_CHECK_VALUE(!bad.any().item<bool>(), "gt_labels: real objects (mask_gt != 0) must have labels in [0, ", C,
+                      "); found ", labels.masked_select(bad).slice(0, 0, 5), " (first five)");
   }
   const auto scores = pd_scores.contiguous();
   // anchors of a narrower float type (checked) widen exactly

@@ -61,7 +61,7 @@ void box_metrics_rows(const at::Tensor& scores, const at::Tensor& pd, const at::
       }
     }
   });
-  TORCH_CHECK(!bad_label, "gt_labels: a candidate pair has a label outside [0, ", C, ")");
+  TORCH_CHECK_VALUE(!bad_label, "gt_labels: a candidate pair has a label outside [0, ", C, ")");
 }
 
 std::tuple<at::Tensor, at::Tensor> box_metrics_cpu(const at::Tensor& pd_scores, const at::Tensor& pd_bboxes,

@@ -193,13 +193,13 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
   // the ATen calls below make working tensors (and the outputs, which never require grad): no autograd or view
   // tracking for them
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  TORCH_CHECK(A < std::numeric_limits<int32_t>::max() / 2, "lucid.assign: too many anchors (", A, ")");
-  TORCH_CHECK(topk < std::numeric_limits<int32_t>::max() && topk2 < std::numeric_limits<int32_t>::max(),
-              "topk and topk2 must fit in 32 bits");
+  TORCH_CHECK_VALUE(A < std::numeric_limits<int32_t>::max() / 2, "lucid.assign: too many anchors (", A, ")");
+  TORCH_CHECK_VALUE(topk < std::numeric_limits<int32_t>::max() && topk2 < std::numeric_limits<int32_t>::max(),
+                    "topk and topk2 must fit in 32 bits");
   if (seg_args != nullptr) {  // the pieces of the chosen pairs are indexed in 32 bits (seg_masks.cuh)
-    TORCH_CHECK(B * M * seg_args->k3 < std::numeric_limits<int32_t>::max() / kMaxPieces,
-                "lucid.assign_seg on CUDA: too many pair slots (B x M x min(3 * topk, A) = ", B, " x ", M, " x ",
-                seg_args->k3, "; at most ", std::numeric_limits<int32_t>::max() / kMaxPieces, ")");
+    TORCH_CHECK_VALUE(B * M * seg_args->k3 < std::numeric_limits<int32_t>::max() / kMaxPieces,
+                      "lucid.assign_seg on CUDA: too many pair slots (B x M x min(3 * topk, A) = ", B, " x ", M, " x ",
+                      seg_args->k3, "; at most ", std::numeric_limits<int32_t>::max() / kMaxPieces, ")");
   }
   const auto box_t = gt_bboxes.scalar_type();
   const auto opts = pd_scores.options();
@@ -218,8 +218,8 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
   // the anchors (float32, or float16/bfloat16 widened by prepare_kernel) are read once, into the workspace
   // gt_bboxes is read as given (any strides) by prepare_kernel, which copies it to the workspace
   const auto pd = pd_bboxes.contiguous(), anc = anc_points.contiguous();
-  TORCH_CHECK(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
-              " (the Python API falls back to the reference for other dtypes)");
+  TORCH_CHECK_TYPE(box_t == at::kFloat, "lucid.assign on CUDA takes float32 boxes and anchors, got ", box_t,
+                   " (the Python API falls back to the reference for other dtypes)");
   // pose: the keypoints and sigmas (float32, checked) contiguous; the predicted keypoints are read in their dtype
   at::Tensor gt_kpts, pd_kpts, sigmas, strides;
   if (pose_args != nullptr) {
@@ -309,7 +309,7 @@ Outputs5 run(const PairDims& d, const at::Tensor& pd_scores, const at::Tensor& p
                       pose,
                       SegView{}};
       P.classic_ciou = rule.classic_ciou;
-      TORCH_CHECK(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
+      TORCH_CHECK_VALUE(B * M <= std::numeric_limits<int32_t>::max(), "lucid.assign: too many rows");
       if (pose_on && !pose.mean) {  // step 1 for pose: which rows the level gate applies to
         level_gate_kernel<S, T><<<blocks_for(B * M, kWarps), kThreads, 0, stream>>>(P, cells);
         C10_CUDA_KERNEL_LAUNCH_CHECK();

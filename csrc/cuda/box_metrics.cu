@@ -45,8 +45,8 @@ std::tuple<at::Tensor, at::Tensor> box_metrics_cuda(const at::Tensor& pd_scores,
                                                     const at::Tensor& gt_labels, const at::Tensor& gt_bboxes,
                                                     const at::Tensor& candidates, double alpha, double beta) {
   const PairDims d = check_box_metrics_args(pd_scores, pd_bboxes, gt_labels, gt_bboxes, candidates);
-  TORCH_CHECK(gt_bboxes.scalar_type() == at::kFloat, "on CUDA the boxes must be float32, got ",
-              gt_bboxes.scalar_type());
+  TORCH_CHECK_TYPE(gt_bboxes.scalar_type() == at::kFloat, "on CUDA the boxes must be float32, got ",
+                   gt_bboxes.scalar_type());
   const c10::cuda::CUDAGuard guard(pd_scores.device());
   auto align = at::empty(candidates.sizes(), pd_scores.options().dtype(at::kFloat));
   auto overlaps = at::empty(candidates.sizes(), pd_bboxes.options());

@@ -21,8 +21,8 @@ __global__ void pair_overlaps_kernel(const float* gt, const float* pd, int64_t n
 
 at::Tensor pair_overlaps_cuda(const at::Tensor& gt_bboxes, const at::Tensor& pd_bboxes) {
   const int64_t D = check_pair_overlaps_args(gt_bboxes, pd_bboxes), n = gt_bboxes.size(0);
-  TORCH_CHECK(gt_bboxes.scalar_type() == at::kFloat, "on CUDA gt_bboxes and pd_bboxes must be float32, got ",
-              gt_bboxes.scalar_type());
+  TORCH_CHECK_TYPE(gt_bboxes.scalar_type() == at::kFloat, "on CUDA gt_bboxes and pd_bboxes must be float32, got ",
+                   gt_bboxes.scalar_type());
   const c10::cuda::CUDAGuard guard(gt_bboxes.device());
   auto out = at::empty({n}, gt_bboxes.options());
   if (n == 0) return out;

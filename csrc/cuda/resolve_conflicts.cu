@@ -24,7 +24,8 @@ __global__ void resolve_conflicts_dense_kernel(const bool* mask, const float* ov
 
 at::Tensor resolve_conflicts_cuda(const at::Tensor& mask_pos, const at::Tensor& overlaps) {
   check_resolve_conflicts_args(mask_pos, overlaps);
-  TORCH_CHECK(overlaps.scalar_type() == at::kFloat, "on CUDA overlaps must be float32, got ", overlaps.scalar_type());
+  TORCH_CHECK_TYPE(overlaps.scalar_type() == at::kFloat, "on CUDA overlaps must be float32, got ",
+                   overlaps.scalar_type());
   const c10::cuda::CUDAGuard guard(mask_pos.device());
   const int64_t B = mask_pos.size(0), M = mask_pos.size(1), A = mask_pos.size(2);
   const auto mp = mask_pos.contiguous();

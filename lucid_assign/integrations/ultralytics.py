@@ -47,14 +47,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import __version__, _library, api, reference
+from ..reference import INPUTS, SEG_INPUTS
 from .. import assigner as _ours
 from ..synthetic import check_batch, pose_batch, seg_batch
 
 VERIFIED_VERSION = "8.4.190"  # the release the package's own tests run against
 TESTED_RANGE = ">=8.0.200,<8.5"  # the releases the survey ran (docs/releases.md); the extra's requirement
 _NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner")
-_SEG_INPUTS = ("pd_coef", "mask_scale", "proto", "gt_masks")
-_SEG_KEYS = frozenset(_SEG_INPUTS)
+_SEG_KEYS = frozenset(SEG_INPUTS)
 VERBOSE_ENV = "LUCID_ASSIGN_VERBOSE"
 # Where the peer keeps its modules: ultralytics.utils since 8.0.1xx, ultralytics.yolo before, where the earliest
 # releases built their losses in each task's trainer module.
@@ -159,14 +159,29 @@ class _Patched:
         return self._peer_assigner
 
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
+        box = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
         if extra:  # keypoint or mask overlaps: not a box assignment
-            return self.peer()(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra)
-        ran = self._fallback_reason(pd_scores, pd_bboxes, anc_points, gt_bboxes)
-        if ran is not None:
-            out = self.peer()(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
-        else:
-            out = super().forward(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
-        self._note_first_call(pd_scores, ran)
+            return self.peer()(*box, **extra)
+        return self._run(box, (), lambda: self.peer()(*box))
+
+    @torch.no_grad()
+    def _run(self, box: tuple, extra: tuple, peer_call):
+        """The call on lucid-assign's backend, or on the peer's own assigner (``peer_call()``) when under "auto" the
+        kernel cannot take it, said once."""
+        fell = []
+
+        def to_peer(why):
+            fell.append(why)
+            _say_once(f"lucid-assign: the patched {self.peer_name} cannot run its kernel here ({why}), so these calls "
+                      f"go to ultralytics' own assigner, at its speed. Fix: {api.kernel_fix(box[0].device.type, why)}"
+                      f"; or patch(backend='kernel') to make this an error")
+            return "peer"
+
+        out = self._assign(box, extra, on_unsupported=to_peer)
+        if fell:
+            out = peer_call()
+        if self._first_call:
+            self._note_first_call(box[0], fell[0] if fell else None)
         return out
 
     def _note_first_call(self, pd_scores, ran) -> None:
@@ -180,28 +195,6 @@ class _Patched:
     def _effective_backend(self) -> str:
         backend = os.environ.get(api.ENV_BACKEND) or self.backend
         return "kernel" if backend == "auto" else backend  # "auto" reached here means the kernel could run
-
-    def _fallback_reason(self, pd_scores, pd_bboxes, anc_points, gt_bboxes, pose=None, seg=None) -> str | None:
-        """Why this call goes to the peer (backend "auto" and the kernel cannot take these tensors), or None.
-        ``pose``: the pose tensors (anc_strides, pd_kpts, gt_kpts, sigmas); ``seg``: the mask tensors (pd_coef,
-        mask_scale, proto, gt_masks)."""
-        if (os.environ.get(api.ENV_BACKEND) or self.backend) != "auto":
-            return None
-        extra = (*(pose or ()), *(seg or ()))
-        if not all(isinstance(t, torch.Tensor) for t in (pd_scores, pd_bboxes, anc_points, gt_bboxes, *extra)):
-            return None  # the module's checks name the argument
-        why = api.kernel_unsupported(pd_scores, pd_bboxes, anc_points, gt_bboxes)
-        if why is None and pose is not None and pose[2].dim() == 4:
-            why = api.extra_unsupported(pd_scores.device.type, gt_bboxes.dtype, api._pose_key(*pose))
-        if why is None and seg is not None:
-            why = api.extra_unsupported(pd_scores.device.type, gt_bboxes.dtype, api._seg_key(*seg))
-        if why is not None:
-            _say_once(f"lucid-assign: the patched {self.peer_name} cannot run its kernel here ({why}), so these calls "
-                      f"go to ultralytics' own assigner, at its speed. Fix: "
-                      f"{api.kernel_fix(pd_scores.device.type, why)}; or patch(backend='kernel') to make this an "
-                      f"error")
-        return why
-
 
 def _peer_class(name: str):
     """The peer's class that patch() replaced by the patched class of ``name``, or None when not patched."""
@@ -241,17 +234,11 @@ class LucidPoseTaskAlignedAssigner(_Patched, _ours.PoseTaskAlignedAssigner):
         return (self.sigmas,)
 
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides, **extra):
-        args = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, anc_strides)
+        box = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
         if set(extra) != {"pd_kpts", "gt_kpts"}:  # not the peer's pose loss: the peer's class says what it makes of it
-            return self.peer()(*args, **extra)
+            return self.peer()(*box, anc_strides, **extra)
         pose = (anc_strides, extra["pd_kpts"], extra["gt_kpts"], self.sigmas)
-        ran = self._fallback_reason(pd_scores, pd_bboxes, anc_points, gt_bboxes, pose)
-        if ran is not None:
-            out = self.peer()(*args, **extra)
-        else:
-            out = _ours.PoseTaskAlignedAssigner.forward(self, *args, **extra)
-        self._note_first_call(pd_scores, ran)
-        return out
+        return self._run(box, pose, lambda: self.peer()(*box, anc_strides, **extra))
 
 
 class LucidSegTaskAlignedAssigner(_Patched, _ours.SegTaskAlignedAssigner):
@@ -260,27 +247,10 @@ class LucidSegTaskAlignedAssigner(_Patched, _ours.SegTaskAlignedAssigner):
     peer_name = "SegTaskAlignedAssigner"
 
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra):
+        box = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
         if extra.keys() != _SEG_KEYS:  # not the peer's segmentation loss: the peer's class says what it makes of it
-            return self.peer()(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, **extra)
-        # a signature that ran the kernel before runs it again (its host time is a share of the step: the checks and
-        # the choice of backend are asked once per signature; the op's outputs never require grad)
-        out = api.seg_kernel_call(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, extra["pd_coef"],
-                                  extra["mask_scale"], extra["proto"], extra["gt_masks"], topk=self.topk,
-                                  num_classes=self.num_classes, alpha=self.alpha, beta=self.beta, eps=self.eps,
-                                  stride=self.stride, topk2=self.topk2, backend=self.backend)
-        if out is not None:
-            if self._first_call:
-                self._note_first_call(pd_scores, None)
-            return out
-        args = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
-        seg = tuple(extra[k] for k in _SEG_INPUTS)
-        ran = self._fallback_reason(pd_scores, pd_bboxes, anc_points, gt_bboxes, seg=seg)
-        if ran is not None:
-            out = self.peer()(*args, **extra)
-        else:
-            out = _ours.SegTaskAlignedAssigner.forward(self, *args, *seg)
-        self._note_first_call(pd_scores, ran)
-        return out
+            return self.peer()(*box, **extra)
+        return self._run(box, tuple(extra[k] for k in SEG_INPUTS), lambda: self.peer()(*box, **extra))
 
 
 _PATCHED = {"TaskAlignedAssigner": LucidTaskAlignedAssigner,
@@ -341,7 +311,7 @@ def _check_batches():
     settings of the peer's losses (top-k 10; YOLO26's one-to-one assignment, top-k 7 with top-k2 1)."""
     for name, obb in (("TaskAlignedAssigner", False), ("RotatedTaskAlignedAssigner", True)):
         batch = check_batch(obb)
-        inputs = [batch[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")]
+        inputs = [batch[k] for k in INPUTS]
         for topk, topk2 in ((10, None), (7, 1)):
             yield name, inputs, dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0,
                                      stride=batch["stride"])
@@ -351,8 +321,7 @@ def _pose_check_batches():
     """The built-in pose check batch (synthetic.pose_batch: objects at every level and at the gate's edges, thin
     objects the gate would starve, invisible keypoints), with the settings of the peer's pose losses."""
     batch = pose_batch(batch=2, img_size=128, num_classes=5, objects=(6, 16), seed=3)
-    inputs = [batch[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt",
-                                 "anc_strides")]
+    inputs = [batch[k] for k in (*INPUTS, "anc_strides")]
     kpts = dict(pd_kpts=batch["pd_kpts"], gt_kpts=batch["gt_kpts"])
     for topk, topk2 in ((10, None), (7, 1)):
         kw = dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0, stride=batch["stride"])
@@ -363,8 +332,8 @@ def _seg_check_batches():
     """The built-in segmentation check batch (synthetic.seg_batch: overlapping, empty and box-filling masks, empty
     predicted masks), with the settings of the peer's segmentation losses."""
     batch = seg_batch(batch=2, img_size=128, num_classes=5, objects=(6, 16), mask_dim=8, seed=3)
-    inputs = [batch[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")]
-    masks = {k: batch[k] for k in _SEG_INPUTS}
+    inputs = [batch[k] for k in INPUTS]
+    masks = {k: batch[k] for k in SEG_INPUTS}
     for topk, topk2 in ((10, None), (7, 1)):
         yield inputs, masks, dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0, stride=batch["stride"])
 
