@@ -38,7 +38,7 @@ def child(args):
 
     b = dota_like_batch(batch=args.batch, img_size=args.img_size, num_classes=args.classes, objects=args.objects,
                         obb=not args.hbb, seed=args.seed)
-    inputs = [b[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")]
+    inputs = [b[k] for k in lucid_assign.reference.INPUTS]
     kw = dict(topk=args.topk, num_classes=args.classes, stride=b["stride"], backend=args.backend)
     # peak memory of one call
     with open("/proc/self/clear_refs", "w") as f:

@@ -19,9 +19,9 @@ import torch
 
 from . import _library, api, viz
 from .bench import PRESETS as BENCH_PRESETS
+from .reference import INPUTS
 from .synthetic import dota_like_batch
 
-INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
 
 
 def _device(text: str) -> str:
@@ -123,7 +123,7 @@ def demo(args) -> int:
     for device in devices:
         batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
         inputs = [batch[k] for k in INPUTS]
-        kernel = api.kernel_unsupported(*(batch[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_bboxes")))
+        kernel = api.unsupported("assign", inputs)
         results = {}
         print(f"\n[{device}]")
         for backend in ("reference", "kernel"):

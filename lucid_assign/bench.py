@@ -23,11 +23,9 @@ import torch
 
 from . import api, ops, reference
 from .doctor import installed_version, peer_version
+from .reference import INPUTS, POSE_INPUTS, SEG_INPUTS
 from .synthetic import dense_batch, dota_like_batch, pose_batch, seg_batch
 
-INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
-POSE_INPUTS = ("anc_strides", "pd_kpts", "gt_kpts", "sigmas")
-SEG_INPUTS = ("pd_coef", "mask_scale", "proto", "gt_masks")
 KINDS = {
     "hbb": dict(img_size=640, num_classes=80, obb=False),  # 8,400 anchors
     "obb": dict(img_size=1024, num_classes=15, obb=True),  # 21,504 anchors

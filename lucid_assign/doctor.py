@@ -16,9 +16,9 @@ import time
 import torch
 
 from . import _library, api, reference
+from .reference import INPUTS
 from .synthetic import dota_like_batch
 
-KEYS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
 
 
 def _version(cmd, last: bool = False) -> str | None:
@@ -113,7 +113,7 @@ def self_check() -> list:
         for obb in (False, True):
             kind = "OBB" if obb else "HBB"
             batch = dota_like_batch(batch=2, img_size=256, num_classes=7, objects=(5, 40), obb=obb, seed=1)
-            x = [batch[k].to(device) for k in KEYS]
+            x = [batch[k].to(device) for k in INPUTS]
             why = api.kernel_unsupported(x[0], x[1], x[2], x[4])
             if why:
                 results.append((device, kind, "SKIP", why))

@@ -360,6 +360,18 @@ def check_batch(obb: bool) -> dict:
     return batch
 
 
+def corners(box) -> list:
+    """Polygon of a box: x1 y1 x2 y2 or cx cy w h angle."""
+    if len(box) == 4:
+        x1, y1, x2, y2 = box
+        return [(x1, y1), (x2, y1), (x2, y2), (x1, y2)]
+    cx, cy, w, h, a = box
+    c, s = math.cos(a), math.sin(a)
+    u, v = (w / 2 * c, w / 2 * s), (-h / 2 * s, h / 2 * c)
+    return [(cx + u[0] + v[0], cy + u[1] + v[1]), (cx + u[0] - v[0], cy + u[1] - v[1]),
+            (cx - u[0] - v[0], cy - u[1] - v[1]), (cx - u[0] + v[0], cy - u[1] + v[1])]
+
+
 def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes: int = 3, objects=(2, 6),
                        obb: bool = True, seed: int = 0, image_ext: str = "png") -> str:
     """Write a synthetic dataset in the peer trainer's YOLO layout under ``folder`` and return its data YAML's path.
@@ -372,7 +384,6 @@ def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes:
 
     import cv2
 
-    from .viz import corners
 
     folder = os.path.abspath(os.fspath(folder))
     for split in ("images", "labels"):

@@ -17,9 +17,9 @@ import os
 import torch
 
 from . import api
-from .synthetic import _predictions, anchor_points, dota_like_batch
+from .reference import INPUTS
+from .synthetic import _predictions, anchor_points, corners, dota_like_batch
 
-KEYS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
 STRIDES = (8, 16, 32)
 SETTINGS = {"topk": int, "topk2": int, "alpha": float, "beta": float, "floor": float}  # what --compare may change
 
@@ -75,18 +75,6 @@ def batch_from_labels(boxes, labels, img_size: int, num_classes: int, obb: bool,
     return dict(pd_scores=scores[None].float(), pd_bboxes=pd[None].float(), anc_points=anc.float(),
                 gt_labels=labels.float().reshape(1, m, 1), gt_bboxes=gt[None].float(), mask_gt=torch.ones(1, m, 1),
                 stride=list(STRIDES), num_objects=[m])
-
-
-def corners(box) -> list:
-    """Polygon of a box: x1 y1 x2 y2 or cx cy w h angle."""
-    if len(box) == 4:
-        x1, y1, x2, y2 = box
-        return [(x1, y1), (x2, y1), (x2, y2), (x1, y2)]
-    cx, cy, w, h, a = box
-    c, s = math.cos(a), math.sin(a)
-    u, v = (w / 2 * c, w / 2 * s), (-h / 2 * s, h / 2 * c)
-    return [(cx + u[0] + v[0], cy + u[1] + v[1]), (cx + u[0] - v[0], cy + u[1] - v[1]),
-            (cx - u[0] - v[0], cy - u[1] - v[1]), (cx - u[0] + v[0], cy - u[1] + v[1])]
 
 
 def summarise(out, batch, image: int, img_size: int) -> dict:
@@ -147,7 +135,7 @@ def assign_with(batch: dict, settings: dict, num_classes: int):
     if settings["floor"] is not None:
         # the side floor is stride[1]; a floor of 0 disables it (any positive value below every side)
         stride[1] = settings["floor"] if settings["floor"] > 0 else 1e-6
-    return api.assign(*(batch[k] for k in KEYS), topk=settings["topk"], topk2=settings["topk2"],
+    return api.assign(*(batch[k] for k in INPUTS), topk=settings["topk"], topk2=settings["topk2"],
                       num_classes=num_classes, alpha=settings["alpha"], beta=settings["beta"], stride=stride)
 
 

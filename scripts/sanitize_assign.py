@@ -28,7 +28,7 @@ from test_hardening import _cases  # noqa: E402
 from test_pose import ODD, gate_edge_problem, odd, problem, starved_problem  # noqa: E402
 import test_seg  # noqa: E402
 
-from lucid_assign import ops  # noqa: E402
+from lucid_assign import ops, reference  # noqa: E402
 from lucid_assign.synthetic import dense_batch  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def main():
         run(near_cap, num_classes=5, topk=10)
         run(near_cap, num_classes=5, topk=300, topk2=3)  # K beyond the candidates
         dense = dense_batch(batch=2, objects=(2500, 5000), obb=obb, seed=3)
-        run([dense[k] for k in ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")],
+        run([dense[k] for k in reference.INPUTS],
             num_classes=60, topk=10)
         for far, nan in ((False, 0.0), (True, 0.0), (False, 0.05)):  # conflicts among 3,000 rows
             run(crowd(3000, obb=obb, seed=5, far=far, nan_preds=nan), num_classes=5, topk=10, topk2=None if nan else 3)

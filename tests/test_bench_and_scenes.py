@@ -10,7 +10,7 @@ from lucid_assign import __main__ as cli
 from lucid_assign import reference
 from lucid_assign.synthetic import anchor_points, dota_like_batch
 
-KEYS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+KEYS = reference.INPUTS
 
 
 def test_scene_is_seeded_and_reproducible():

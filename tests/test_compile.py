@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import lucid_assign
-from lucid_assign import RotatedTaskAlignedAssigner, TaskAlignedAssigner, ops
+from lucid_assign import RotatedTaskAlignedAssigner, TaskAlignedAssigner, ops, reference
 from lucid_assign.synthetic import pose_batch, seg_batch
 
 from cases import make_problem, to
@@ -91,9 +91,7 @@ def test_compiled_label_check_still_fails(library, backend):
 # graph too, which runs outside the region: compiled equals eager in the same region, for every task, score dtype and
 # region, on every device.
 
-BOX = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
-POSE = ("anc_strides", "pd_kpts", "gt_kpts", "sigmas")
-SEG = ("pd_coef", "mask_scale", "proto", "gt_masks")
+BOX, POSE, SEG = reference.INPUTS, reference.POSE_INPUTS, reference.SEG_INPUTS
 TASKS = ("hbb", "obb", "pose", "seg")
 REGIONS = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 SCORES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

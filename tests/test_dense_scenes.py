@@ -18,7 +18,7 @@ from cases import STRIDES
 from conftest import devices
 from test_assign_ops import assert_matches_reference
 
-INPUTS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+INPUTS = reference.INPUTS
 
 
 def run(device, inputs, **kw):

@@ -138,7 +138,7 @@ def test_a_non_tensor_argument_is_named(position):
     """Not a tensor: the checks run (the remembered signatures need tensors) and name the argument."""
     args = list(make_problem(0, True))
     args[position] = args[position].tolist()
-    names = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+    names = reference.INPUTS
     with pytest.raises(TypeError, match=names[position]):
         lucid_assign.assign(*args, **KW)
 

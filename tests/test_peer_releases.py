@@ -20,7 +20,7 @@ from lucid_assign import api, reference
 from lucid_assign.synthetic import check_batch, pose_batch, seg_batch, write_yolo_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KEYS = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+KEYS = reference.INPUTS
 # One release of each group, and the rule set the survey measured for each of its assigner classes.
 RELEASES = {
     "8.3.228": {"TaskAlignedAssigner": "8.0", "RotatedTaskAlignedAssigner": "8.0"},

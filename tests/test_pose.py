@@ -20,7 +20,7 @@ from cases import STRIDES
 from conftest import devices
 from test_reference_vs_peer import assert_same, lower_index_topk
 
-BOX = ("pd_scores", "pd_bboxes", "anc_points", "gt_labels", "gt_bboxes", "mask_gt")
+BOX = reference.INPUTS
 POSE = ("anc_strides", "pd_kpts", "gt_kpts", "sigmas")
 DISCRETE = {0: "target_labels", 1: "target_bboxes", 3: "fg_mask", 4: "target_gt_idx"}
 STRIDE_VAL = reference.stride_value(STRIDES)
