@@ -7,9 +7,16 @@ import math
 
 import torch
 
-from lucid_assign.synthetic import anchor_points
+from lucid_assign import reference
+from lucid_assign.synthetic import anchor_points, pose_batch, seg_batch
 
 STRIDES = (8, 16, 32)
+STRIDE_VAL = reference.stride_value(STRIDES)  # the side floor: stride[1]
+# the settings of the pose and segmentation tests: the peer's losses' (topk 10; YOLO26's one-to-one 7 with topk2 1)
+# and one with a second top-k that keeps several
+MODEL_SETTINGS = [dict(topk=10, topk2=None, alpha=0.5), dict(topk=7, topk2=1, alpha=0.5),
+                  dict(topk=13, topk2=4, alpha=1.0)]
+MODEL_SETTING_IDS = ["k10", "k7k2_1", "k13k2_4"]
 
 
 def make_problem(
@@ -102,3 +109,27 @@ def make_problem(
 
 def to(device, tensors):
     return tuple(t.to(device) for t in tensors)
+
+
+def pose_problem(seed, batch=2, img_size=160, objects=(4, 20), keypoints=17, num_classes=3, trainer_dtypes=False,
+                 device="cpu"):
+    """The ten inputs of assign_pose. trainer_dtypes: as the peer trainer passes them under bf16 autocast (scores,
+    anchors, strides and predicted keypoints bfloat16)."""
+    b = pose_batch(batch=batch, img_size=img_size, objects=objects, keypoints=keypoints, num_classes=num_classes,
+                   seed=seed)
+    if trainer_dtypes:
+        for k in ("pd_scores", "anc_points", "anc_strides", "pd_kpts"):
+            b[k] = b[k].to(torch.bfloat16)
+    return [b[k].to(device) for k in reference.INPUTS + reference.POSE_INPUTS]
+
+
+def seg_problem(seed, batch=2, img_size=160, objects=(4, 20), num_classes=3, mask_dim=8, trainer_dtypes=False,
+                device="cpu"):
+    """The ten inputs of assign_seg. trainer_dtypes: as the peer trainer passes them under bf16 autocast (scores,
+    anchors, mask coefficients and prototypes bfloat16)."""
+    b = seg_batch(batch=batch, img_size=img_size, objects=objects, num_classes=num_classes, mask_dim=mask_dim,
+                  seed=seed)
+    if trainer_dtypes:
+        for k in ("pd_scores", "anc_points", "pd_coef", "proto"):
+            b[k] = b[k].to(torch.bfloat16)
+    return [b[k].to(device) for k in reference.INPUTS + reference.SEG_INPUTS]

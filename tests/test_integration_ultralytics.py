@@ -19,8 +19,7 @@ import torch
 
 from lucid_assign import reference
 
-from test_assign_ops import assert_matches_reference
-from test_reference_vs_peer import lower_index_topk
+from contract import assert_matches, lower_index_topk, pose_score_rtol
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -114,7 +113,6 @@ def test_training_identical_with_and_without_patch(integ, obb):
 def test_training_with_the_cpu_kernel(library, integ, obb, monkeypatch):
     """Each assignment of three training steps (two per step: YOLO26's one-to-many and one-to-one) against the
     reference on that call's inputs."""
-    from test_pose import assert_kernel_matches
 
     calls = []
 
@@ -140,15 +138,15 @@ def test_training_with_the_cpu_kernel(library, integ, obb, monkeypatch):
             assert set(extra) == {"anc_strides", "pd_kpts", "gt_kpts"}  # the pose loss passes them by name
             want = reference.assign_pose(*inputs, extra["anc_strides"], extra["pd_kpts"], extra["gt_kpts"],
                                          assigner.sigmas, **kw)
-            assert_kernel_matches(got, want, "cpu", 17, case=f"call {i} (topk {assigner.topk})")
+            assert_matches(got, want, exact=False, case=f"call {i} (topk {assigner.topk})", rtol=pose_score_rtol(17))
         elif obb == "seg":
             assert set(extra) == {"pd_coef", "mask_scale", "proto", "gt_masks"}  # the seg loss passes them by name
             want = reference.assign_seg(*inputs, *(extra[k] for k in ("pd_coef", "mask_scale", "proto", "gt_masks")),
                                         **kw)
-            assert_matches_reference(got, want, exact_scores=False, case=f"call {i} (topk {assigner.topk})")
+            assert_matches(got, want, exact=False, case=f"call {i} (topk {assigner.topk})")
         else:
             want = reference.assign(*inputs, **kw)
-            assert_matches_reference(got, want, exact_scores=False, case=f"call {i} (topk {assigner.topk})")
+            assert_matches(got, want, exact=False, case=f"call {i} (topk {assigner.topk})")
 
 
 def test_patch_unpatch_restore_the_peer(integ):
@@ -333,7 +331,7 @@ def test_patch_leaves_a_pose_assigner_whose_gate_differs_to_the_peer(integ, peer
 
 def test_a_pose_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, library, monkeypatch):
     """64 keypoints per object: more than the kernels take; the call runs the peer's own pose assigner, said once."""
-    from test_pose import problem
+    from cases import pose_problem as problem
 
     monkeypatch.setattr(integ, "_said", set())
     monkeypatch.delenv("LUCID_ASSIGN_BACKEND", raising=False)
@@ -403,7 +401,7 @@ def test_imports_nothing_until_called():
 
 def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, library):
     """A float16 mask_scale: not a kernel's dtype; the call runs the peer's own segmentation assigner, said once."""
-    from test_seg import SEG, problem
+    from cases import seg_problem as problem
 
     from ultralytics.utils import loss
 
@@ -412,7 +410,7 @@ def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, lib
     integ.patch()
     kw = dict(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     ours = loss.SegTaskAlignedAssigner(**kw)
-    masks = dict(zip(SEG, inputs[6:]))
+    masks = dict(zip(reference.SEG_INPUTS, inputs[6:]))
     with pytest.warns(integ.FallbackWarning, match=r"cannot run its kernel here \(.*mask_scale"):
         ours(*inputs[:6], **masks)
     with lower_index_topk("cpu"):
@@ -427,7 +425,7 @@ def test_a_patched_seg_call_is_checked_once(integ, library, monkeypatch):
     once), whatever the object count, with the reference's outputs; a float64 mask_scale runs the kernel too, a
     backend forced by the environment the reference (checked by the Python layer); labels out of range and eps are
     refused on every call."""
-    from test_seg import SEG, problem
+    from cases import seg_problem as problem
 
     from ultralytics.utils import loss
 
@@ -436,7 +434,7 @@ def test_a_patched_seg_call_is_checked_once(integ, library, monkeypatch):
     integ.patch()
     ours = loss.SegTaskAlignedAssigner(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     inputs = problem(33)
-    masks = dict(zip(SEG, inputs[6:]))
+    masks = dict(zip(reference.SEG_INPUTS, inputs[6:]))
     checked = []
     for name in ("check_inputs", "check_seg_inputs"):
         real = getattr(api, name)

@@ -19,6 +19,8 @@ import torch
 from lucid_assign import api, reference
 from lucid_assign.synthetic import check_batch, pose_batch, seg_batch, write_yolo_dataset
 
+from contract import CPU_SCORE_RTOL, assert_matches, pose_score_rtol
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = reference.INPUTS
 # One release of each group, and the rule set the survey measured for each of its assigner classes.
@@ -148,20 +150,15 @@ def _assign(backend, inputs, extra, kind, **kw):
 @pytest.mark.parametrize("rules", reference.RULE_SETS)
 def test_the_kernels_follow_each_rule_set(library, rules, device):
     """Every task under every rule set: the kernel gives the reference's results (CUDA: bit for bit; CPU: discrete
-    outputs exactly, scores to the CPU contract: relative 1e-6, for pose 13 (2K + 2) u + 1e-6, docs/spec.md)."""
+    outputs exactly, scores to the CPU contract: contract.py)."""
     for name, inputs, extra, kind in _batches():
         inputs = [t.to(device) for t in inputs]
         extra = {k: v.to(device) for k, v in extra.items()}
         kw = dict(topk=10, num_classes=5, alpha=0.5, beta=6.0, stride=[8, 16, 32], rules=rules)
         want = _assign("reference", inputs, extra, kind, **kw)
         got = _assign("kernel", inputs, extra, kind, **kw)
-        for i, (a, b) in enumerate(zip(got, want)):
-            if i == 2 and device == "cpu":
-                k = extra["gt_kpts"].shape[2] if kind == "pose" else 0
-                rtol = 13 * (2 * k + 2) * torch.finfo(torch.float32).eps / 2 + 1e-6 if kind == "pose" else 1e-6
-                assert torch.allclose(a, b, rtol=rtol, atol=0) and torch.equal(a != 0, b != 0), (name, rules)
-            else:
-                assert torch.equal(a, b), (name, rules, i)
+        rtol = pose_score_rtol(extra["gt_kpts"].shape[2]) if kind == "pose" else CPU_SCORE_RTOL
+        assert_matches(got, want, device == "cuda", f"{name} {rules}", rtol=rtol)
 
 
 def test_the_rule_sets_differ_where_the_releases_do():

@@ -16,26 +16,12 @@ import lucid_assign
 from lucid_assign import api, ops, reference
 from lucid_assign.synthetic import anchor_points, pose_batch
 
-from cases import STRIDES
+from cases import pose_problem as problem, MODEL_SETTING_IDS, MODEL_SETTINGS, STRIDE_VAL, STRIDES
 from conftest import devices
-from test_reference_vs_peer import assert_same, lower_index_topk
+from contract import assert_matches, assert_same, lower_index_topk, pose_score_rtol
 
 BOX = reference.INPUTS
-POSE = ("anc_strides", "pd_kpts", "gt_kpts", "sigmas")
-DISCRETE = {0: "target_labels", 1: "target_bboxes", 3: "fg_mask", 4: "target_gt_idx"}
-STRIDE_VAL = reference.stride_value(STRIDES)
-
-
-def problem(seed, batch=2, img_size=160, objects=(4, 20), keypoints=17, num_classes=3, trainer_dtypes=False,
-            device="cpu"):
-    """The ten inputs of assign_pose. trainer_dtypes: as the peer trainer passes them under bf16 autocast (scores,
-    anchors, strides and predicted keypoints bfloat16)."""
-    b = pose_batch(batch=batch, img_size=img_size, objects=objects, keypoints=keypoints, num_classes=num_classes,
-                   seed=seed)
-    if trainer_dtypes:
-        for k in ("pd_scores", "anc_points", "anc_strides", "pd_kpts"):
-            b[k] = b[k].to(torch.bfloat16)
-    return [b[k].to(device) for k in BOX + POSE]
+POSE = reference.POSE_INPUTS
 
 
 def run_peer(tal, device, inputs, **kw):
@@ -44,34 +30,9 @@ def run_peer(tal, device, inputs, **kw):
         return peer(*inputs[:7], pd_kpts=inputs[7], gt_kpts=inputs[8])
 
 
-def score_tolerance(n_kpts, dtype):
-    """The CPU kernel's scores against the reference's. Each sums n positive terms in its own order: each sum is
-    within (n - 1) u of the exact one (u the unit roundoff), so the two within 2(n - 1) u; their exp and the division
-    by the visible count add up to 2 u each: the overlap o within (2n + 2) u. A score is align * po / pa with
-    align = s^alpha * o^6: 6 + 1 + 6 = 13 times that, plus the 1e-6 that docs/spec.md allows the CPU kernel's pow."""
-    u = torch.finfo(dtype).eps / 2
-    return 13 * (2 * n_kpts + 2) * u + 1e-6
-
-
-def assert_kernel_matches(got, want, device, n_kpts, case="", tol=None):
-    """Bit for bit on CUDA (NaN where the reference has NaN); on the CPU the discrete outputs exactly and the scores
-    within score_tolerance (or ``tol``)."""
-    for i, name in DISCRETE.items():
-        assert got[i].dtype == want[i].dtype, f"{case} {name}: dtype"
-        diff = (got[i] != want[i]).sum().item()
-        assert diff == 0, f"{case} {name}: {diff} elements differ from the reference"
-    gs, ws = got[2], want[2]
-    assert gs.dtype == ws.dtype and gs.shape == ws.shape
-    nan = ws.isnan()
-    assert torch.equal(gs.isnan(), nan), f"{case} target_scores: NaN pattern differs"
-    gs, ws = gs.masked_fill(nan, 0), ws.masked_fill(nan, 0)
-    if device == "cuda":
-        assert torch.equal(gs, ws), f"{case} target_scores: {(gs != ws).sum().item()} differ"
-    else:
-        assert torch.equal(gs != 0, ws != 0), f"{case} target_scores: nonzero pattern differs"
-        rel = ((gs - ws).abs() / ws.abs().clamp(min=torch.finfo(ws.dtype).tiny)).max().item() if ws.numel() else 0
-        tol = score_tolerance(n_kpts, ws.dtype) if tol is None else tol
-        assert rel <= tol, f"{case} target_scores: relative difference {rel:.3g} above {tol:.3g}"
+def assert_kernel_matches(got, want, device, n_kpts, case=""):
+    """The contract for a pose kernel (contract.py): bit for bit on CUDA, on the CPU within pose_score_rtol."""
+    assert_matches(got, want, device == "cuda", case, rtol=pose_score_rtol(n_kpts))
 
 
 def run_kernel(inputs, **kw):
@@ -82,8 +43,7 @@ def run_reference(inputs, **kw):
     return reference.assign_pose(*inputs, stride=STRIDES, **kw)
 
 
-SETTINGS = [dict(topk=10, topk2=None, alpha=0.5), dict(topk=7, topk2=1, alpha=0.5), dict(topk=13, topk2=4, alpha=1.0)]
-SETTING_IDS = ["k10", "k7k2_1", "k13k2_4"]
+SETTINGS, SETTING_IDS = MODEL_SETTINGS, MODEL_SETTING_IDS
 
 
 @pytest.mark.parametrize("device", devices())

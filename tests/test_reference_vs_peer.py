@@ -6,8 +6,6 @@ the lower index (a stable descending sort), both the function and the Tensor met
 the method); the peer's code is otherwise untouched. On CUDA it runs unpatched.
 """
 
-import contextlib
-
 import pytest
 import torch
 
@@ -15,26 +13,7 @@ from lucid_assign import reference
 
 from cases import STRIDES, make_problem, to
 from conftest import devices
-
-
-def _topk_lower_index(input, k, dim=-1, largest=True, sorted=True):
-    assert largest, "the assigners only ask for the largest"
-    order = torch.sort(input, dim=dim, descending=True, stable=True)
-    return torch.return_types.topk((order.values.narrow(dim, 0, k), order.indices.narrow(dim, 0, k)))
-
-
-@contextlib.contextmanager
-def lower_index_topk(device):
-    if device != "cpu":
-        yield
-        return
-    original, method = torch.topk, torch.Tensor.topk
-    torch.topk = _topk_lower_index
-    torch.Tensor.topk = lambda self, *args, **kwargs: _topk_lower_index(self, *args, **kwargs)
-    try:
-        yield
-    finally:
-        torch.topk, torch.Tensor.topk = original, method
+from contract import assert_same, lower_index_topk
 
 
 def run_peer(tal, device, inputs, obb, **kw):
@@ -42,16 +21,6 @@ def run_peer(tal, device, inputs, obb, **kw):
     assigner = cls(stride=list(STRIDES), **kw)
     with lower_index_topk(device):
         return assigner(*inputs)
-
-
-def assert_same(ours, theirs, case=""):
-    names = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
-    for name, a, b in zip(names, ours, theirs):
-        assert a.shape == b.shape, f"{case} {name}: shape {tuple(a.shape)} vs peer {tuple(b.shape)}"
-        assert a.dtype == b.dtype, f"{case} {name}: dtype {a.dtype} vs peer {b.dtype}"
-        # equal bit for bit; NaN never appears here
-        diff = (a != b).sum().item()
-        assert diff == 0, f"{case} {name}: {diff} elements differ from the peer"
 
 
 SETTINGS = [

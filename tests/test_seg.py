@@ -14,27 +14,12 @@ import torch
 
 import lucid_assign
 from lucid_assign import api, ops, reference
-from lucid_assign.synthetic import seg_batch
 
-import test_pose as pose_checks
-from cases import STRIDES
+from cases import seg_problem as problem, MODEL_SETTING_IDS as SETTING_IDS, MODEL_SETTINGS as SETTINGS, STRIDE_VAL, STRIDES
 from conftest import devices
-from test_pose import BOX, SETTING_IDS, SETTINGS, STRIDE_VAL
-from test_reference_vs_peer import lower_index_topk
+from contract import assert_matches, assert_same, lower_index_topk
 
-SEG = ("pd_coef", "mask_scale", "proto", "gt_masks")
-
-
-def problem(seed, batch=2, img_size=160, objects=(4, 20), num_classes=3, mask_dim=8, trainer_dtypes=False,
-            device="cpu"):
-    """The ten inputs of assign_seg. trainer_dtypes: as the peer trainer passes them under bf16 autocast (scores,
-    anchors, mask coefficients and prototypes bfloat16)."""
-    b = seg_batch(batch=batch, img_size=img_size, objects=objects, num_classes=num_classes, mask_dim=mask_dim,
-                  seed=seed)
-    if trainer_dtypes:
-        for k in ("pd_scores", "anc_points", "pd_coef", "proto"):
-            b[k] = b[k].to(torch.bfloat16)
-    return [b[k].to(device) for k in BOX + SEG]
+BOX, SEG = reference.INPUTS, reference.SEG_INPUTS
 
 
 def autocast(device, on):
@@ -58,21 +43,9 @@ def run_reference(inputs, amp=False, **kw):
         return reference.assign_seg(*inputs, stride=STRIDES, **kw)
 
 
-def assert_equal(ours, theirs, case=""):
-    """Every output equal bit for bit (NaN where the other has NaN)."""
-    for name, a, b in zip(("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx"), ours,
-                          theirs):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{case} {name}: {a.dtype}{tuple(a.shape)}"
-        if a.is_floating_point():
-            assert torch.equal(a.isnan(), b.isnan()), f"{case} {name}: NaN pattern differs"
-            a, b = a.nan_to_num(0.0), b.nan_to_num(0.0)
-        diff = (a != b).sum().item()
-        assert diff == 0, f"{case} {name}: {diff} elements differ"
-
-
 def assert_kernel_matches(got, want, device, case=""):
-    """Bit for bit on CUDA; on the CPU the discrete outputs exactly and the scores to a relative 1e-6."""
-    pose_checks.assert_kernel_matches(got, want, device, 0, case, tol=1e-6)
+    """The contract for a kernel (contract.py): bit for bit on CUDA; on the CPU within CPU_SCORE_RTOL."""
+    assert_matches(got, want, device == "cuda", case)
 
 
 def reference_mask_calls(inputs, **kw):
@@ -107,7 +80,7 @@ def test_reference_matches_peer(peer_tal, device, setting, trainer_dtypes, seed)
     inputs = problem(seed, trainer_dtypes=trainer_dtypes, device=device)
     kw = dict(num_classes=3, beta=6.0, **setting)
     ours = run_reference(inputs, amp=trainer_dtypes, **kw)
-    assert_equal(ours, run_peer(peer_tal, device, inputs, amp=trainer_dtypes, **kw), f"seed={seed}")
+    assert_same(ours, run_peer(peer_tal, device, inputs, amp=trainer_dtypes, **kw), f"seed={seed}")
     assert ours[3].any()
 
 
@@ -144,7 +117,7 @@ def test_kernel_matches_peer_on_cuda(peer_tal, library, setting, objects):
     module = lucid_assign.SegTaskAlignedAssigner(stride=list(STRIDES), backend="kernel", **kw)
     with autocast("cuda", True):
         ours = module(*inputs[:6], **dict(zip(SEG, inputs[6:])))
-    assert_equal(ours, run_peer(peer_tal, "cuda", inputs, amp=True, **kw))
+    assert_same(ours, run_peer(peer_tal, "cuda", inputs, amp=True, **kw))
 
 
 @pytest.mark.cuda
@@ -153,8 +126,8 @@ def test_autocast_casts_the_decode(peer_tal, library):
     differs from the float32 decode outside autocast)."""
     inputs = problem(5, batch=4, img_size=320, objects=(30, 40), mask_dim=32, device="cuda")
     kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
-    assert_equal(run_kernel(inputs, amp=True, **kw), run_peer(peer_tal, "cuda", inputs, amp=True, **kw))
-    assert_equal(run_kernel(inputs, **kw), run_peer(peer_tal, "cuda", inputs, **kw))
+    assert_same(run_kernel(inputs, amp=True, **kw), run_peer(peer_tal, "cuda", inputs, amp=True, **kw))
+    assert_same(run_kernel(inputs, **kw), run_peer(peer_tal, "cuda", inputs, **kw))
 
 
 def test_cpu_autocast(library):
@@ -226,7 +199,7 @@ def test_odd_inputs(peer_tal, library, device, case):
         pytest.skip("the CUDA kernel takes float32 boxes")
     kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
     want = run_reference(inputs, **kw)
-    assert_equal(want, run_peer(peer_tal, device, inputs, **kw), case)
+    assert_same(want, run_peer(peer_tal, device, inputs, **kw), case)
     assert_kernel_matches(run_kernel(inputs, **kw), want, device, case)
 
 
@@ -244,7 +217,7 @@ def test_negative_scores(peer_tal, library):
     kw = dict(num_classes=3, topk=10, alpha=1.0, beta=6.0)
     want = run_reference(inputs, **kw)
     theirs = run_peer(peer_tal, "cpu", inputs, **kw)
-    assert_equal(want, theirs)
+    assert_same(want, theirs)
     assert torch.equal(want[2].signbit(), theirs[2].signbit())
     assert ((want[2] == 0) & want[2].signbit()).any(), "the scene must give the peer's -0 scores"
     got = run_kernel(inputs, **kw)
@@ -261,7 +234,7 @@ def test_a_flat_mask_scale(library, device):
     flat[7] = inputs[7].reshape(-1)
     kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
     want = run_reference(inputs, **kw)
-    assert_equal(run_reference(flat, **kw), want)
+    assert_same(run_reference(flat, **kw), want)
     assert_kernel_matches(run_kernel(flat, **kw), want, device)
 
 
@@ -276,7 +249,7 @@ def test_overlapping_masks(peer_tal, library, device):
     assert (masks[:, 6:12] & masks[:, 0:6]).any()
     kw = dict(num_classes=3, topk=10, alpha=0.5, beta=6.0)
     want = run_reference(inputs, **kw)
-    assert_equal(want, run_peer(peer_tal, device, inputs, **kw))
+    assert_same(want, run_peer(peer_tal, device, inputs, **kw))
     assert_kernel_matches(run_kernel(inputs, **kw), want, device)
 
 
@@ -296,7 +269,7 @@ def test_large_topk_and_chunks(peer_tal, library, device):
     inputs = problem(14, batch=3, img_size=640, objects=(80, 100), device=device)
     kw = dict(num_classes=3, topk=40, alpha=0.5, beta=6.0)
     want = run_reference(inputs, **kw)
-    assert_equal(want, run_peer(peer_tal, device, inputs, **kw))
+    assert_same(want, run_peer(peer_tal, device, inputs, **kw))
     assert_kernel_matches(run_kernel(inputs, **kw), want, device)
 
 
@@ -318,7 +291,7 @@ def test_claims_of_chosen_and_other_pairs(peer_tal, library, device, case):
         inputs[0][:, ::3] = 0.0
     kw = dict(num_classes=3, topk=topk, alpha=0.5, beta=6.0)
     want = run_reference(inputs, **kw)
-    assert_equal(want, run_peer(peer_tal, device, inputs, **kw), case)
+    assert_same(want, run_peer(peer_tal, device, inputs, **kw), case)
     assert want[3].any() != (case == "zero_scores"), case  # no positive metric: no foreground
     assert_kernel_matches(run_kernel(inputs, **kw), want, device, case)
 
@@ -389,7 +362,7 @@ def test_images_ordered_by_count(peer_tal, library, device, counts):
         mh, mw = inputs[8].shape[-2:]
         assert reference.SEG_CHUNK_PIXELS // (n[0] * mh * mw) == 4, n
     want = run_reference(inputs, **kw)
-    assert_equal(want, run_peer(peer_tal, device, inputs, **kw))
+    assert_same(want, run_peer(peer_tal, device, inputs, **kw))
     if counts.startswith("equal"):  # the images' results differ (their masks do)
         assert any(not torch.equal(want[2][0], want[2][b]) for b in range(1, batch)), counts
     got, sorts = argsort_calls(lambda: run_kernel(inputs, **kw))
@@ -408,7 +381,7 @@ def test_no_objects_and_padding(peer_tal, library, device):
     padded = list(inputs)
     padded[5] = torch.zeros_like(inputs[5])
     want = run_reference(padded, **kw)
-    assert_equal(want, run_peer(peer_tal, device, padded, **kw))
+    assert_same(want, run_peer(peer_tal, device, padded, **kw))
     assert_kernel_matches(run_kernel(padded, **kw), want, device)
 
 
@@ -523,7 +496,7 @@ def test_a_half_mask_scale_runs_on_the_reference(library):
     inputs[7] = inputs[7].half()
     with pytest.warns(UserWarning, match="mask_scale"):
         got = api.assign_seg(*inputs, num_classes=3, topk=10)
-    assert_equal(got, run_reference(inputs, num_classes=3, topk=10))
+    assert_same(got, run_reference(inputs, num_classes=3, topk=10))
 
 
 def test_masks_beyond_the_kernels_limit_run_on_the_reference(library, monkeypatch):
@@ -539,7 +512,7 @@ def test_masks_beyond_the_kernels_limit_run_on_the_reference(library, monkeypatc
     api._unsupported.clear()
     with pytest.warns(UserWarning, match=f"at most {pixels - 1} pixels"):
         got = api.assign_seg(*inputs, num_classes=3, topk=10)
-    assert_equal(got, run_reference(inputs, num_classes=3, topk=10))
+    assert_same(got, run_reference(inputs, num_classes=3, topk=10))
     with pytest.raises(RuntimeError, match="backend='kernel' cannot run"):
         api.assign_seg(*inputs, num_classes=3, topk=10, backend="kernel")
     api._unsupported.clear()
@@ -605,4 +578,4 @@ def test_sanitize_subset(library):
              odd("tiny_objects", "cuda"), odd("number_masks", "cuda")]
     for amp, inputs in zip((True, False, False, False), cases):
         kw = dict(num_classes=3, topk=10, topk2=4, alpha=0.5)
-        assert_equal(run_kernel(inputs, amp=amp, **kw), run_reference(inputs, amp=amp, **kw))
+        assert_same(run_kernel(inputs, amp=amp, **kw), run_reference(inputs, amp=amp, **kw))
