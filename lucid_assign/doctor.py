@@ -135,9 +135,10 @@ def patch_check() -> tuple:
     if peer_version() is None:
         return "SKIP", "ultralytics is not installed (pip install 'lucid-assign[ultralytics]')"
     from .integrations import ultralytics as integ
+    from .integrations._peer import find_peer
 
     try:
-        peer = integ._peer()
+        peer = find_peer()
         start = time.perf_counter()
         found = integ.check_peer(peer.tal)
     except Exception as exc:  # a release patch() cannot take: its reason is the result

@@ -28,7 +28,8 @@ out = {}
 try:
     import ultralytics
     from lucid_assign.integrations import ultralytics as integ
-    peer = integ._peer()
+    from lucid_assign.integrations._peer import find_peer
+    peer = find_peer()
     out["version"] = peer.version
     out["classes"] = {name: list(found) for name, found in integ.check_peer(peer.tal).items()}
     out["losses"] = [m.__name__ for m in peer.losses]

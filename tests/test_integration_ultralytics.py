@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from lucid_assign import reference
+from lucid_assign.integrations._peer import NAMES
 
 from contract import assert_matches, lower_index_topk, pose_score_rtol
 
@@ -266,7 +267,7 @@ def test_patch_leaves_an_assigner_that_assigns_differently_to_the_peer(integ, pe
     _alter(monkeypatch, peer_tal, name, fn)
     diff = integ.self_check(peer_tal)
     assert diff is not None
-    left = [n for n in integ._NAMES if n in diff]
+    left = [n for n in NAMES if n in diff]
     monkeypatch.setattr(integ, "_said", set())
     with pytest.warns(integ.FallbackWarning, match="is left to ultralytics"):
         integ.patch()

@@ -78,15 +78,16 @@ PATCH = """
 import json, warnings
 warnings.simplefilter("ignore")
 from lucid_assign.integrations import ultralytics as integ
+from lucid_assign.integrations._peer import NAMES
 from ultralytics.utils import loss
-before = {n: getattr(loss, n, None) for n in integ._NAMES}
+before = {n: getattr(loss, n, None) for n in NAMES}
 integ.patch()
 a = loss.TaskAlignedAssigner(10, 3, 0.5, 6.0, *ARGS)
 r = loss.RotatedTaskAlignedAssigner(topk=10, num_classes=3, alpha=0.5, beta=6.0)
 print(json.dumps(dict(types=[type(a).__name__, type(r).__name__], rules=[a.rules, r.rules], eps=a.eps,
                       report=integ.patch_report())))
 integ.unpatch()
-assert {n: getattr(loss, n, None) for n in integ._NAMES} == before
+assert {n: getattr(loss, n, None) for n in NAMES} == before
 """
 
 

@@ -36,32 +36,25 @@ Nothing is imported from ultralytics until ``patch()`` is called; a missing pack
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
-import itertools
 import os
 import sys
-import types
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .. import __version__, _library, api, reference
-from ..reference import INPUTS, SEG_INPUTS
 from .. import assigner as _ours
-from ..synthetic import check_batch, pose_batch, seg_batch
+from ..reference import SEG_INPUTS
+from ._peer import TESTED_RANGE, accepted as _accepted, find_peer as _peer, first_module
+from .ultralytics_check import check_peer, self_check
+from .ultralytics_ddp import rank_patched
 
-VERIFIED_VERSION = "8.4.190"  # the release the package's own tests run against
-TESTED_RANGE = ">=8.0.200,<8.5"  # the releases the survey ran (docs/releases.md); the extra's requirement
-_NAMES = ("TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner")
+__all__ = ["FallbackWarning", "LucidPoseTaskAlignedAssigner", "LucidRotatedTaskAlignedAssigner",
+           "LucidSegTaskAlignedAssigner", "LucidTaskAlignedAssigner", "PeerMismatchError", "check_peer",
+           "effective_backend", "is_patched", "patch", "patch_report", "patched", "self_check", "unpatch"]
+
 _SEG_KEYS = frozenset(SEG_INPUTS)
 VERBOSE_ENV = "LUCID_ASSIGN_VERBOSE"
-# Where the peer keeps its modules: ultralytics.utils since 8.0.1xx, ultralytics.yolo before, where the earliest
-# releases built their losses in each task's trainer module.
-_TAL_MODULES = ("ultralytics.utils.tal", "ultralytics.yolo.utils.tal")
-_LOSS_MODULES = ("ultralytics.utils.loss", "ultralytics.yolo.utils.loss", "ultralytics.yolo.v8.detect.train",
-                 "ultralytics.yolo.v8.segment.train", "ultralytics.yolo.v8.pose.train")
-_DIST_MODULES = ("ultralytics.utils.dist", "ultralytics.yolo.utils.dist")
 
 _originals: dict | None = None  # (module, name) -> the peer's object that patch() replaced
 _rules: dict = {}  # assigner name -> the rule set its patched class reproduces
@@ -83,44 +76,6 @@ def _verbose(msg: str) -> None:
         rank = os.environ.get("RANK")
         where = f"rank {rank}, " if rank is not None else ""
         print(f"lucid-assign [{where}pid {os.getpid()}]: {msg}", file=sys.stderr, flush=True)
-
-
-def _first_module(names):
-    for name in names:
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    return None
-
-
-class _Peer(types.SimpleNamespace):
-    """The installed peer: version, its assigner module (tal), the modules whose losses build assigners (losses)
-    and the module that writes multi-GPU scripts (dist, or None)."""
-
-
-def _peer() -> _Peer:
-    try:
-        import ultralytics
-    except ImportError as exc:
-        raise ImportError(
-            "lucid_assign.integrations.ultralytics needs the ultralytics package "
-            f"(pip install 'lucid-assign[ultralytics]', or ultralytics{TESTED_RANGE})"
-        ) from exc
-    version = getattr(ultralytics, "__version__", "unknown")
-    tal = _first_module(_TAL_MODULES)
-    if tal is None:
-        raise RuntimeError(f"ultralytics {version} has no assigner module ({' or '.join(_TAL_MODULES)}): nothing "
-                           "to patch")
-    losses = []
-    for name in _LOSS_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        if any(isinstance(getattr(module, n, None), type) for n in _NAMES):
-            losses.append(module)
-    return _Peer(version=version, tal=tal, losses=losses, dist=_first_module(_DIST_MODULES))
 
 
 # --- the patched classes -------------------------------------------------------------------------------------------
@@ -204,15 +159,6 @@ def _peer_class(name: str):
     return None
 
 
-def _accepted(cls, settings: dict) -> dict:
-    """Of ``settings``, those the constructor of the peer's ``cls`` takes (8.0 to 8.3: no stride or topk2)."""
-    params = inspect.signature(cls.__init__).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()) and cls.__init__ is not object.__init__:
-        base = next((c for c in cls.__mro__[1:] if "topk" in inspect.signature(c.__init__).parameters), None)
-        params = {**params, **(inspect.signature(base.__init__).parameters if base else {})}
-    return {k: v for k, v in settings.items() if k in params}
-
-
 class LucidTaskAlignedAssigner(_Patched, _ours.TaskAlignedAssigner):
     """``ultralytics.utils.loss.TaskAlignedAssigner`` while patched."""
 
@@ -271,7 +217,7 @@ def _announce(first_call: str) -> None:
 
 def _logger():
     """The peer's LOGGER (ultralytics.utils, or ultralytics.yolo.utils in early releases)."""
-    module = _first_module(("ultralytics.utils", "ultralytics.yolo.utils"))
+    module = first_module(("ultralytics.utils", "ultralytics.yolo.utils"))
     return module.LOGGER
 
 
@@ -284,178 +230,6 @@ def _say_once(msg: str) -> None:
     if msg not in _said:
         _said.add(msg)
         api.warn_caller(msg, FallbackWarning)
-
-
-# --- the self-check against the installed peer ---------------------------------------------------------------------
-
-
-def _topk_lower_index(input, k, dim=-1, largest=True, sorted=True):
-    """torch.topk with ties to the lower index (CUDA's order and the contract's rule; the CPU's own order differs)."""
-    order = torch.sort(input, dim=dim, descending=largest, stable=True)
-    return torch.return_types.topk((order.values.narrow(dim, 0, k), order.indices.narrow(dim, 0, k)))
-
-
-class _TiesLow(TorchFunctionMode):
-    """torch.topk and Tensor.topk with ties to the lower index, in the thread that enters it and only there (torch
-    function modes are thread-local): the peer's assigner runs under it during the self-check, and no other code, in
-    this thread or another, sees a changed top-k."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.topk or func is torch.Tensor.topk:
-            func = _topk_lower_index
-        return func(*args, **(kwargs or {}))
-
-
-def _check_batches():
-    """The built-in check batches (synthetic.check_batch: every rare rule of the contract), HBB and OBB, with the
-    settings of the peer's losses (top-k 10; YOLO26's one-to-one assignment, top-k 7 with top-k2 1)."""
-    for name, obb in (("TaskAlignedAssigner", False), ("RotatedTaskAlignedAssigner", True)):
-        batch = check_batch(obb)
-        inputs = [batch[k] for k in INPUTS]
-        for topk, topk2 in ((10, None), (7, 1)):
-            yield name, inputs, dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0,
-                                     stride=batch["stride"])
-
-
-def _pose_check_batches():
-    """The built-in pose check batch (synthetic.pose_batch: objects at every level and at the gate's edges, thin
-    objects the gate would starve, invisible keypoints), with the settings of the peer's pose losses."""
-    batch = pose_batch(batch=2, img_size=128, num_classes=5, objects=(6, 16), seed=3)
-    inputs = [batch[k] for k in (*INPUTS, "anc_strides")]
-    kpts = dict(pd_kpts=batch["pd_kpts"], gt_kpts=batch["gt_kpts"])
-    for topk, topk2 in ((10, None), (7, 1)):
-        kw = dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0, stride=batch["stride"])
-        yield inputs, kpts, batch["sigmas"], kw
-
-
-def _seg_check_batches():
-    """The built-in segmentation check batch (synthetic.seg_batch: overlapping, empty and box-filling masks, empty
-    predicted masks), with the settings of the peer's segmentation losses."""
-    batch = seg_batch(batch=2, img_size=128, num_classes=5, objects=(6, 16), mask_dim=8, seed=3)
-    inputs = [batch[k] for k in INPUTS]
-    masks = {k: batch[k] for k in SEG_INPUTS}
-    for topk, topk2 in ((10, None), (7, 1)):
-        yield inputs, masks, dict(topk=topk, topk2=topk2, num_classes=5, alpha=0.5, beta=6.0, stride=batch["stride"])
-
-
-def _runs(tal, name):
-    """(settings, our reference for a rule set, the peer's outputs) of the built-in batches for the peer's class
-    ``name``, the peer run on the CPU with ties to the lower index."""
-    cls = getattr(tal, name)
-    takes_topk2 = _takes_topk2(cls)
-    if name == "PoseTaskAlignedAssigner":
-        batches = [(inputs, dict(kpts, sigmas=sigmas), kw) for inputs, kpts, sigmas, kw in _pose_check_batches()]
-    elif name == "SegTaskAlignedAssigner":
-        batches = list(_seg_check_batches())
-    else:
-        batches = [(inputs, {}, kw) for n, inputs, kw in _check_batches() if n == name]
-    for inputs, extra, kw in batches:
-        if kw["topk2"] is not None and not takes_topk2:
-            continue
-        extra = dict(extra)
-        sigmas = extra.pop("sigmas", None)
-        peer = cls(*(() if sigmas is None else (sigmas,)), **_accepted(cls, kw))
-        args = inputs
-        if sigmas is not None and "anc_strides" not in inspect.signature(cls.forward).parameters:
-            args = inputs[:-1]  # releases before 8.4.187 take no strides (and have no level gate)
-        with torch.no_grad(), _TiesLow():  # on copies: a release that modifies its inputs differs
-            theirs = peer(*(t.clone() for t in args), **{k: v.clone() for k, v in extra.items()})
-
-        def ours(rules, dense, inputs=inputs, extra=extra, sigmas=sigmas, kw=kw):
-            kw = dict(kw, rules=rules, dense_metrics=dense)
-            if name == "PoseTaskAlignedAssigner":
-                return reference.assign_pose(*inputs, extra["pd_kpts"], extra["gt_kpts"], sigmas, **kw)
-            if name == "SegTaskAlignedAssigner":
-                return reference.assign_seg(*inputs, *extra.values(), **kw)
-            return reference.assign(*inputs, **kw)
-
-        yield kw, ours, theirs
-
-
-def _takes_topk2(cls) -> bool:
-    """Whether the peer's class has the second top-k (8.4 and later); 8.0 to 8.3 have none."""
-    return "topk2" in _accepted(cls, {"topk2": 1})
-
-
-def _first_difference(kw, ours, theirs) -> str | None:
-    names = ("target_labels", "target_bboxes", "target_scores", "fg_mask", "target_gt_idx")
-    for out, a, b in zip(names, ours, theirs):
-        if a.shape != b.shape or not torch.equal(a.to(b.dtype), b):
-            count = int((a.to(b.dtype) != b).sum()) if a.shape == b.shape else "shape"
-            return f"topk={kw['topk']}, topk2={kw['topk2']}: {out} differs ({count} elements)"
-    return None
-
-
-def check_peer(tal=None) -> dict:
-    """For each assigner class of the peer's module ``tal``: ``(rules, detail)``, the first rule set
-    (reference.RULE_SETS; the default first, then the newest) under which lucid-assign's reference gives the class's
-    outputs bit for bit on the built-in batches (the CPU, ties to the lower index), or ``(None, why)`` when none does.
-    Classes the release lacks are absent."""
-    if tal is None:
-        tal = _peer().tal
-    found = {}
-    for name in _NAMES:
-        if not isinstance(getattr(tal, name, None), type):
-            continue
-        try:
-            runs = list(_runs(tal, name))
-        except Exception as exc:  # a release whose class cannot run the built-in batch is left to itself
-            found[name] = None, f"its check raised {type(exc).__name__}: {exc}"
-            continue
-        # the default first, then the others newest first; 8.0 only, and first, for a class without the top-k2
-        # of later releases
-        newer = [reference.DEFAULT_RULES,
-                 *(r for r in reversed(reference.RULE_SETS) if r not in ("8.0", reference.DEFAULT_RULES))]
-        first = None
-        for rules, dense in itertools.product(newer if _takes_topk2(getattr(tal, name)) else ["8.0", *newer],
-                                              (False, True)):
-            diff = next(filter(None, (_first_difference(kw, ours(rules, dense), theirs)
-                                      for kw, ours, theirs in runs)), None)
-            if diff is None:
-                found[name] = rules, f"rule set {rules}"
-                break
-            first = first or f"{diff} under rule set {rules}"
-        else:
-            found[name] = None, f"no rule set gives its results ({first})"
-    return found
-
-
-def self_check(tal=None) -> str | None:
-    """None when every assigner class of the peer's module ``tal`` (default: the installed peer's) gives the results
-    of lucid-assign's reference under one of its rule sets on the built-in batches, else what differs."""
-    bad = [f"{name}: {why}" for name, (rules, why) in check_peer(tal).items() if rules is None]
-    return "; ".join(bad) or None
-
-
-# --- multi-GPU: every rank the peer launches patches itself ---------------------------------------------------------
-
-_RANK_PREAMBLE = """\
-# lucid-assign: this rank builds lucid-assign's assigners, as the process that launched it did
-import sys as _lucid_sys
-_lucid_sys.path[:0] = [_p for _p in {paths!r} if _p not in _lucid_sys.path]
-from lucid_assign.integrations import ultralytics as _lucid_ultralytics
-_lucid_ultralytics.patch({backend!r})
-del _lucid_sys, _lucid_ultralytics
-"""
-
-
-def _rank_patched(generate_ddp_file):
-    """The peer's generate_ddp_file, with the script it writes made to patch its rank first."""
-
-    def generate_ddp_file_patched(trainer):
-        path = generate_ddp_file(trainer)
-        with open(path, encoding="utf-8") as f:
-            script = f.read()
-        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        script = _RANK_PREAMBLE.format(paths=[package_parent], backend=_backend) + script
-        compile(script, path, "exec")  # the peer's script must still be a script (no __future__ import to keep first)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(script)
-        return path
-
-    generate_ddp_file_patched.__wrapped__ = generate_ddp_file
-    generate_ddp_file_patched.__doc__ = generate_ddp_file.__doc__
-    return generate_ddp_file_patched
 
 
 # --- patch / unpatch -----------------------------------------------------------------------------------------------
@@ -500,7 +274,7 @@ def patch(backend: str = "auto") -> None:
                       f"assigners are patched")
     _backend = backend
     for (module, name), original in _originals.items():
-        setattr(sys.modules[module], name, _rank_patched(original) if name == "generate_ddp_file" else _PATCHED[name])
+        setattr(sys.modules[module], name, rank_patched(original, lambda: _backend) if name == "generate_ddp_file" else _PATCHED[name])
     _verbose(f"patched ultralytics {peer.version} (backend {effective_backend()!r}): "
              f"{', '.join(f'{n} with rules {r}' for n, r in _rules.items())}")
 
