@@ -111,25 +111,28 @@ def to(device, tensors):
     return tuple(t.to(device) for t in tensors)
 
 
+def _task_problem(batch: dict, extra: tuple, narrow: tuple, trainer_dtypes: bool, device) -> list:
+    """The ten inputs of a pose or segmentation batch; trainer_dtypes: ``narrow`` in bfloat16, as the peer trainer
+    passes them under bf16 autocast."""
+    if trainer_dtypes:
+        for k in narrow:
+            batch[k] = batch[k].to(torch.bfloat16)
+    return [batch[k].to(device) for k in reference.INPUTS + extra]
+
+
 def pose_problem(seed, batch=2, img_size=160, objects=(4, 20), keypoints=17, num_classes=3, trainer_dtypes=False,
                  device="cpu"):
-    """The ten inputs of assign_pose. trainer_dtypes: as the peer trainer passes them under bf16 autocast (scores,
-    anchors, strides and predicted keypoints bfloat16)."""
+    """The ten inputs of assign_pose (trainer_dtypes: scores, anchors, strides and predicted keypoints bfloat16)."""
     b = pose_batch(batch=batch, img_size=img_size, objects=objects, keypoints=keypoints, num_classes=num_classes,
                    seed=seed)
-    if trainer_dtypes:
-        for k in ("pd_scores", "anc_points", "anc_strides", "pd_kpts"):
-            b[k] = b[k].to(torch.bfloat16)
-    return [b[k].to(device) for k in reference.INPUTS + reference.POSE_INPUTS]
+    return _task_problem(b, reference.POSE_INPUTS, ("pd_scores", "anc_points", "anc_strides", "pd_kpts"),
+                         trainer_dtypes, device)
 
 
 def seg_problem(seed, batch=2, img_size=160, objects=(4, 20), num_classes=3, mask_dim=8, trainer_dtypes=False,
                 device="cpu"):
-    """The ten inputs of assign_seg. trainer_dtypes: as the peer trainer passes them under bf16 autocast (scores,
-    anchors, mask coefficients and prototypes bfloat16)."""
+    """The ten inputs of assign_seg (trainer_dtypes: scores, anchors, mask coefficients and prototypes bfloat16)."""
     b = seg_batch(batch=batch, img_size=img_size, objects=objects, num_classes=num_classes, mask_dim=mask_dim,
                   seed=seed)
-    if trainer_dtypes:
-        for k in ("pd_scores", "anc_points", "pd_coef", "proto"):
-            b[k] = b[k].to(torch.bfloat16)
-    return [b[k].to(device) for k in reference.INPUTS + reference.SEG_INPUTS]
+    return _task_problem(b, reference.SEG_INPUTS, ("pd_scores", "anc_points", "pd_coef", "proto"), trainer_dtypes,
+                         device)
