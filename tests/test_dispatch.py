@@ -134,7 +134,7 @@ def test_the_kernel_path_is_checked_by_the_op(library, spies, monkeypatch):
 
 @pytest.mark.parametrize("position", range(6))
 def test_a_non_tensor_argument_is_named(position):
-    """Not a tensor: the checks run (the remembered signatures need tensors) and name the argument."""
+    """Not a tensor: refused with a TypeError naming the argument, before any backend runs."""
     args = list(make_problem(0, True))
     args[position] = args[position].tolist()
     names = reference.INPUTS

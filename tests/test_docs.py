@@ -61,3 +61,14 @@ def test_shell_snippets_that_call_lucid_assign_parse():
     for name, line, cmd in commands:
         argv = shlex.split(cmd.split("#")[0])[1:]
         assert cli.parse(argv).command == argv[0], (name, line, cmd)
+
+
+def test_the_readme_figures_are_those_of_the_benchmark_records():
+    """The README's table of figures is what scripts/figures.py makes of docs/bench-cuda-*.json (so each figure keeps
+    its command, machine and date)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "figures.py"), "--check",
+                          os.path.join(ROOT, "README.md")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads)
 // NT is kThreads, four blocks to a multiprocessor, when there may be many medium rows (more than kMidRows object rows
 // per multiprocessor), where throughput sets the time; with fewer rows the longest row's latency sets it, and larger
 // blocks shorten it: kMediumMidThreads (two blocks a multiprocessor) up to kMidRows object rows per multiprocessor,
-// kMediumFewThreads up to kFewRows (measured on the H200, bench/NOTES.md).
+// kMediumFewThreads up to kFewRows (measured on the H200, docs/design.md).
 template <int NT, typename S, typename T, typename Pass>
 __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : NT == kMediumMidThreads ? 2 : 1)
     candidate_topk_medium_rows_kernel(Problem<S, T> P, CellIndex cells, Pass pass, const int32_t* medium_rows,
