@@ -314,8 +314,9 @@ def _seg_support_key(pd_coef, mask_scale, proto, gt_masks) -> tuple:
 
 
 _BOX = _Task("assign", (), None, None, None)
-_POSE = _Task("assign_pose", POSE_INPUTS, lambda s, g, *extra, level_range: check_pose_inputs(s, g, *extra, level_range),
-              _pose_support_key, _pose_unsupported)
+_POSE = _Task("assign_pose", POSE_INPUTS,
+              lambda s, g, *extra, level_range: check_pose_inputs(s, g, *extra, level_range), _pose_support_key,
+              _pose_unsupported)
 _SEG = _Task("assign_seg", SEG_INPUTS, lambda s, g, *extra: check_seg_inputs(s, g, *extra), _seg_support_key,
              _seg_unsupported)
 TASKS = {t.name: t for t in (_BOX, _POSE, _SEG)}
@@ -425,7 +426,7 @@ _traced_choice = torch.compiler.assume_constant_result(_choice_for)
 
 
 def dispatch(task: _Task, box, extra, settings: dict, task_settings: dict, backend: str,
-         on_unsupported: Callable | None = None):
+             on_unsupported: Callable | None = None):
     """The one dispatch of assign, assign_pose and assign_seg: the settings checked, the backend chosen, the call
     run. With ``on_unsupported``, a call the kernel cannot take under "auto" returns ``on_unsupported(why)`` (None
     then: the caller runs it elsewhere)."""
@@ -538,7 +539,8 @@ def assign_pose(
     settings = dict(topk=topk, topk2=topk2, num_classes=num_classes, alpha=alpha, beta=beta, eps=eps, stride=stride,
                     rules=rules)
     box = (pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt)
-    return dispatch(_POSE, box, (anc_strides, pd_kpts, gt_kpts, sigmas), settings, dict(level_range=level_range), backend)
+    pose = (anc_strides, pd_kpts, gt_kpts, sigmas)
+    return dispatch(_POSE, box, pose, settings, dict(level_range=level_range), backend)
 
 
 def assign_seg(

@@ -302,12 +302,14 @@ def test_a_call_the_kernel_cannot_take_goes_to_the_peer_with_a_warning(integ, pe
 
     kw = dict(topk=10, num_classes=7, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     ours = loss.RotatedTaskAlignedAssigner(**kw)
+    ran = _count_calls(monkeypatch, peer_tal.RotatedTaskAlignedAssigner)
     with pytest.warns(integ.FallbackWarning,
                       match=r"cannot run its kernel here \(.*float64.*\).*Fix: pass pd_scores as torch.float64"):
         got = ours(*inputs)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per reason
         ours(*inputs)
+    assert ran == [1, 1]
     with lower_index_topk("cpu"):
         got = ours(*inputs)
         want = peer_tal.RotatedTaskAlignedAssigner(**kw)(*inputs)
@@ -330,6 +332,18 @@ def test_patch_leaves_a_pose_assigner_whose_gate_differs_to_the_peer(integ, peer
     assert loss.TaskAlignedAssigner is integ.LucidTaskAlignedAssigner
 
 
+def _count_calls(monkeypatch, cls) -> list:
+    """A list that grows by one each time the peer's class ``cls`` assigns (its forward runs)."""
+    ran, forward = [], cls.forward
+
+    def counted(self, *args, **kwargs):
+        ran.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", counted)
+    return ran
+
+
 def test_a_pose_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, library, monkeypatch):
     """64 keypoints per object: more than the kernels take; the call runs the peer's own pose assigner, said once."""
     from cases import pose_problem as problem
@@ -342,11 +356,14 @@ def test_a_pose_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, li
 
     kw = dict(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     ours = loss.PoseTaskAlignedAssigner(inputs[9], **kw)
+    ran = _count_calls(monkeypatch, peer_tal.PoseTaskAlignedAssigner)
     with pytest.warns(integ.FallbackWarning, match=r"cannot run its kernel here \(.*at most 63"):
         ours(*inputs[:7], pd_kpts=inputs[7], gt_kpts=inputs[8])
+    assert ran == [1]
     with lower_index_topk("cpu"):
         got = ours(*inputs[:7], pd_kpts=inputs[7], gt_kpts=inputs[8])
         want = peer_tal.PoseTaskAlignedAssigner(inputs[9], **kw)(*inputs[:7], pd_kpts=inputs[7], gt_kpts=inputs[8])
+    assert ran == [1, 1, 1]
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 
@@ -400,7 +417,7 @@ def test_imports_nothing_until_called():
     assert "pip install 'lucid-assign[ultralytics]'" in out.stdout
 
 
-def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, library):
+def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, library, monkeypatch):
     """A float16 mask_scale: not a kernel's dtype; the call runs the peer's own segmentation assigner, said once."""
     from cases import seg_problem as problem
 
@@ -412,11 +429,14 @@ def test_a_seg_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, lib
     kw = dict(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     ours = loss.SegTaskAlignedAssigner(**kw)
     masks = dict(zip(reference.SEG_INPUTS, inputs[6:]))
+    ran = _count_calls(monkeypatch, peer_tal.SegTaskAlignedAssigner)
     with pytest.warns(integ.FallbackWarning, match=r"cannot run its kernel here \(.*mask_scale"):
         ours(*inputs[:6], **masks)
+    assert ran == [1]
     with lower_index_topk("cpu"):
         got = ours(*inputs[:6], **masks)
         want = peer_tal.SegTaskAlignedAssigner(**kw)(*inputs[:6], **masks)
+    assert ran == [1, 1, 1]
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 

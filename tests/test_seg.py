@@ -15,7 +15,8 @@ import torch
 import lucid_assign
 from lucid_assign import api, ops, reference
 
-from cases import seg_problem as problem, MODEL_SETTING_IDS as SETTING_IDS, MODEL_SETTINGS as SETTINGS, STRIDE_VAL, STRIDES
+from cases import MODEL_SETTING_IDS as SETTING_IDS, MODEL_SETTINGS as SETTINGS, STRIDE_VAL, STRIDES
+from cases import seg_problem as problem
 from conftest import devices
 from contract import assert_matches, assert_same, lower_index_topk
 

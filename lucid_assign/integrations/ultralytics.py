@@ -274,7 +274,8 @@ def patch(backend: str = "auto") -> None:
                       f"assigners are patched")
     _backend = backend
     for (module, name), original in _originals.items():
-        setattr(sys.modules[module], name, rank_patched(original, lambda: _backend) if name == "generate_ddp_file" else _PATCHED[name])
+        ours = rank_patched(original, lambda: _backend) if name == "generate_ddp_file" else _PATCHED[name]
+        setattr(sys.modules[module], name, ours)
     _verbose(f"patched ultralytics {peer.version} (backend {effective_backend()!r}): "
              f"{', '.join(f'{n} with rules {r}' for n, r in _rules.items())}")
 
