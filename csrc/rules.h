@@ -48,6 +48,19 @@ LUCID_HD bool ranks_before(T v, int64_t i, T w, int64_t j) {
   return i < j;
 }
 
+// A candidate pair of a row as both top-k selections see it: its metric, its overlap and its anchor. The CPU ranks
+// entries by ranks_before; the CUDA passes add the metric's order key (cuda/problem.cuh's KeyedEntry).
+template <typename T, typename Index>
+struct Entry {
+  T align;
+  T overlap;
+  Index anchor;
+};
+template <typename T, typename Index>
+LUCID_HD bool ranks_before(const Entry<T, Index>& x, const Entry<T, Index>& y) {
+  return ranks_before(x.align, static_cast<int64_t>(x.anchor), y.align, static_cast<int64_t>(y.anchor));
+}
+
 // ranks_before as unsigned integers, for the CUDA passes (integer atomicMax and radix selection, whose results do not
 // depend on the order of the offers). order_key(v) > order_key(w) exactly when v ranks before w by value, and the
 // keys are equal when the values tie: every NaN the largest key, -0 and +0 one key (kZeroKey), denormals and

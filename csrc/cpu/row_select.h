@@ -12,12 +12,7 @@ namespace lucid {
 namespace cpu {
 
 template <typename T>
-struct Entry {
-  T align;
-  T overlap;
-  int64_t anchor;
-  bool kept = true;  // false: takes part in a selection without being kept (second top-k, non-finite metrics)
-};
+using Entry = rules::Entry<T, int64_t>;
 
 // Keeps the k best entries (by ranks_before) seen so far; the worst one sits at the heap's top.
 template <typename T>
@@ -28,7 +23,7 @@ class BestK {
     if (static_cast<int64_t>(heap_.size()) < k_) {
       heap_.push_back(e);
       std::push_heap(heap_.begin(), heap_.end(), cmp);
-    } else if (k_ > 0 && rules::ranks_before(e.align, e.anchor, heap_.front().align, heap_.front().anchor)) {
+    } else if (k_ > 0 && rules::ranks_before(e, heap_.front())) {
       std::pop_heap(heap_.begin(), heap_.end(), cmp);
       heap_.back() = e;
       std::push_heap(heap_.begin(), heap_.end(), cmp);
@@ -43,9 +38,7 @@ class BestK {
   }
 
  private:
-  static bool cmp(const Entry<T>& x, const Entry<T>& y) {
-    return rules::ranks_before(x.align, x.anchor, y.align, y.anchor);
-  }
+  static bool cmp(const Entry<T>& x, const Entry<T>& y) { return rules::ranks_before(x, y); }
   int64_t k_;
   std::vector<Entry<T>> heap_;
 };

@@ -4,6 +4,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -44,7 +45,7 @@ void second_topk(const Problem<S, T>& P, Workspace<T>& w) {
             T o;
             batch.run(&row, &pred, 1, &o);
             const T v = rules::unowned_stand_in(P.align(row, pred, o));
-            if (geom::isnan_(v)) extra.push_back({v, o, a, /*kept=*/false});
+            if (geom::isnan_(v)) extra.push_back({v, o, a});  // ranks, but is never kept: not the row's
           }
           auto it = extra.begin();
           for (int64_t j = start[m]; j < start[m + 1]; ++j) {
@@ -56,8 +57,9 @@ void second_topk(const Problem<S, T>& P, Workspace<T>& w) {
           for (int64_t j = start[m]; j < start[m + 1]; ++j) offer_owned(by_row[j]);
         }
         for (int64_t j = start[m]; j < start[m + 1]; ++j) w.owner[b * A + by_row[j]] = -2;  // provisional drop
+        const auto owned_begin = by_row.begin() + start[m], owned_end = by_row.begin() + start[m + 1];
         top.chosen(A, [&](const Entry<T>& e) {
-          if (e.kept) w.owner[b * A + e.anchor] = m;
+          if (std::binary_search(owned_begin, owned_end, e.anchor)) w.owner[b * A + e.anchor] = m;
         });
       }
       for (int64_t a = 0; a < A; ++a) {

@@ -46,7 +46,7 @@ struct KeySource {
   const int32_t* anchors;
   int64_t n;
   __device__ int64_t size() const { return n; }
-  __device__ bool get(int64_t i, Entry<T>& e) const {
+  __device__ bool get(int64_t i, KeyedEntry<T>& e) const {
     e.key = keys[i];
     e.anchor = anchors[i];
     return true;
@@ -122,7 +122,7 @@ __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, int n_eq,
   const int64_t n = src.size();
   if (k_eq == n_eq) {  // the same in all threads
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      Entry<T> e;
+      KeyedEntry<T> e;
       if (src.get(i, e) && e.key >= kth) take(e);
     }
     return;
@@ -130,7 +130,7 @@ __device__ void take_in_order(const Src& src, uint32_t kth, int k_eq, int n_eq,
   int before_ne = 0, before_eq = 0;  // running totals over earlier chunks (same in all threads)
   for (int64_t base = 0; base < n; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
-    Entry<T> e;
+    KeyedEntry<T> e;
     const bool has = i < n && src.get(i, e);
     const int is_eq = has && e.key == kth;
     const int is_ne_zero = has && e.key != kZeroKey;  // explicit entries that are not metric-0 anchors
@@ -162,7 +162,7 @@ __device__ void select_row(const Src& src, int64_t n_explicit, int64_t A, int k,
       [&](auto f) {
         for (int64_t base = 0; base < src.size(); base += blockDim.x) {
           const int64_t i = base + threadIdx.x;
-          Entry<T> e;
+          KeyedEntry<T> e;
           const bool has = i < src.size() && src.get(i, e);
           f(has, has ? e.key : 0u);
         }

@@ -47,7 +47,7 @@ struct RecomputeSource {
   const Pass* pass;
   int64_t row, b;
   __device__ int64_t size() const { return P->A; }
-  __device__ bool get(int64_t a, Entry<T>& e) const {
+  __device__ bool get(int64_t a, KeyedEntry<T>& e) const {
     if (!P->contains(row, a)) return false;
     e = pass->entry(*P, row, b, a);
     return true;
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads)
     key[s] = 0u;
     anchor[s] = 0;
     if (i < n) {
-      const Entry<T> e = pass.entry(P, row, b, s_anchor[warp][i]);
+      const KeyedEntry<T> e = pass.entry(P, row, b, s_anchor[warp][i]);
       pass.record(row, e);
       key[s] = s_key[warp][i] = e.key;
       anchor[s] = e.anchor;
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : NT == kMediumMidThrea
       // the keys, a few per thread at once so that their loads overlap
       constexpr int kBatch = 2;
       for (int i0 = threadIdx.x; i0 < count; i0 += kBatch * NT) {
-        Entry<T> e[kBatch];
+        KeyedEntry<T> e[kBatch];
 #pragma unroll
         for (int u = 0; u < kBatch; ++u) {
           const int i = i0 + u * NT;
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : NT == kMediumMidThrea
         BlockScanT<NT>(scan_tmp).ExclusiveSum(inside, offset, total);
         __syncthreads();
         if (inside) {
-          const Entry<T> e = pass.entry(P, row, b, a);
+          const KeyedEntry<T> e = pass.entry(P, row, b, a);
           pass.record(row, e);
           if (count + offset < kListCap) {
             sh.key[count + offset] = e.key;
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(NT, NT == kThreads ? 4 : NT == kMediumMidThrea
       }
       __syncthreads();
     }
-    auto take = [&](const Entry<T>& e) { pass.take(row, e.anchor, e.key); };
+    auto take = [&](const KeyedEntry<T>& e) { pass.take(row, e.anchor, e.key); };
     if (count <= kListCap) {
       KeySource<T> src{sh.key, sh.anchor, count};
       select_row<NT, T>(src, count, P.A, pass.k, sh, scan_tmp, take);
@@ -283,12 +283,12 @@ __global__ void __launch_bounds__(kBigThreads, 1)
     __syncthreads();
     const int64_t count = sh.n;
     const int k = pass.k;
-    auto take = [&](const Entry<T>& e) { pass.take(row, e.anchor, e.key); };
+    auto take = [&](const KeyedEntry<T>& e) { pass.take(row, e.anchor, e.key); };
     if (use_bits && count <= cap) {
       compact_bits<kBigThreads>(bits, n_words, scan_tmp, [&](int i, int32_t a) { anchors[i] = a; });
       __syncthreads();
       for (int64_t i = threadIdx.x; i < count; i += blockDim.x) {
-        const Entry<T> e = pass.entry(P, row, b, anchors[i]);
+        const KeyedEntry<T> e = pass.entry(P, row, b, anchors[i]);
         pass.record(row, e);
         keys[i] = e.key;
       }
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kThreads)
   const int k = top.k, n_chosen = P.seg.n[row], n_top = top.n[row];
   for (int i = lane; i < n_chosen; i += 32) {
     const int32_t a = P.seg.sorted[row * P.seg.k3 + i];
-    const Entry<T> e = P.entry(row, b, a);
+    const KeyedEntry<T> e = P.entry(row, b, a);
     log.record(row, e);
     s_key[warp][i] = e.key;
     s_anchor[warp][i] = a;

@@ -20,11 +20,10 @@ namespace gpu {
 using rules::kZeroKey;
 using rules::order_key;
 
+// A candidate pair's entry with the order key of its metric (rules::order_key), by which the passes rank. Key 0
+// (below every metric's key) marks a pair that takes part in no ranking (UnchosenPass).
 template <typename T>
-struct Entry {
-  T align;
-  T overlap;
-  int32_t anchor;
+struct KeyedEntry : rules::Entry<T, int32_t> {
   uint32_t key;
 };
 
@@ -87,7 +86,7 @@ struct PairLog {
   RowNotes notes;
   FirstRows first;
   template <typename T>
-  __device__ void record(int64_t row, const Entry<T>& e) const {
+  __device__ void record(int64_t row, const KeyedEntry<T>& e) const {
     notes.note(row, e.align, e.overlap);
     first.offer(row, e.anchor, e.overlap);
   }
@@ -178,16 +177,16 @@ struct Problem : AssignInputs<S, T> {
     return rules::align_metric<S, T>(this->scores[p * this->C + label], o, this->alpha, this->beta, pow_wide);
   }
 
-  __device__ Entry<T> entry(int64_t row, int64_t b, int64_t a) const {
+  __device__ KeyedEntry<T> entry(int64_t row, int64_t b, int64_t a) const {
     const T o = overlap(row, b * this->A + a);
     const T al = align(row, b * this->A + a, o);
-    return {al, o, static_cast<int32_t>(a), order_key(al)};
+    return {{al, o, static_cast<int32_t>(a)}, order_key(al)};
   }
   // Segmentation: the entry by which the pairs that get a mask IoU are chosen, the box metric plus eps.
-  __device__ Entry<T> box_entry(int64_t row, int64_t b, int64_t a) const {
+  __device__ KeyedEntry<T> box_entry(int64_t row, int64_t b, int64_t a) const {
     const T o = box_overlap(row, b * this->A + a);
     const T m = rules::mask_choice_metric(align(row, b * this->A + a, o), this->eps);
-    return {m, o, static_cast<int32_t>(a), order_key(m)};
+    return {{m, o, static_cast<int32_t>(a)}, order_key(m)};
   }
 };
 
@@ -199,10 +198,10 @@ struct ClaimPass {
   PairLog log;
   Claims claims;
   int k;
-  __device__ Entry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
+  __device__ KeyedEntry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
     return P.entry(row, b, a);
   }
-  __device__ void record(int64_t row, const Entry<T>& e) const { log.record(row, e); }
+  __device__ void record(int64_t row, const KeyedEntry<T>& e) const { log.record(row, e); }
   __device__ void take(int64_t row, int32_t a, uint32_t) const { claims.put(row, a); }
 };
 
@@ -211,10 +210,10 @@ template <typename S, typename T>
 struct MaskChoicePass {
   SegChoices choices;
   int k;
-  __device__ Entry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
+  __device__ KeyedEntry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
     return P.box_entry(row, b, a);
   }
-  __device__ void record(int64_t, const Entry<T>&) const {}
+  __device__ void record(int64_t, const KeyedEntry<T>&) const {}
   __device__ void take(int64_t row, int32_t a, uint32_t) const { choices.put(row, a); }
 };
 
@@ -227,11 +226,11 @@ struct UnchosenPass {
   PairLog log;
   UnchosenTop top;
   int k;
-  __device__ Entry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
-    if (P.seg.slot_of(row, a) >= 0) return {T(0), T(0), static_cast<int32_t>(a), 0u};
+  __device__ KeyedEntry<T> entry(const Problem<S, T>& P, int64_t row, int64_t b, int64_t a) const {
+    if (P.seg.slot_of(row, a) >= 0) return {{T(0), T(0), static_cast<int32_t>(a)}, 0u};
     return P.entry(row, b, a);
   }
-  __device__ void record(int64_t row, const Entry<T>& e) const {
+  __device__ void record(int64_t row, const KeyedEntry<T>& e) const {
     if (e.key != 0u) log.record(row, e);
   }
   __device__ void take(int64_t row, int32_t a, uint32_t key) const {

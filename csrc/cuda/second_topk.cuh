@@ -23,16 +23,16 @@ struct OwnedSource {
   const Problem<S, T>* P;  // null unless the row has non-finite metrics
   int64_t row, b;
   __device__ int64_t size() const { return A; }
-  __device__ bool get(int64_t a, Entry<T>& e) const {
+  __device__ bool get(int64_t a, KeyedEntry<T>& e) const {
     if (owner[a] == m) {
-      e = {own_align[a], own_ov[a], static_cast<int32_t>(a), order_key(own_align[a])};
+      e = {{own_align[a], own_ov[a], static_cast<int32_t>(a)}, order_key(own_align[a])};
       return true;
     }
     if (P == nullptr || !P->candidate(row, a)) return false;
-    const Entry<T> full = P->entry(row, b, a);
+    const KeyedEntry<T> full = P->entry(row, b, a);
     const T v = rules::unowned_stand_in(full.align);
     if (!geom::isnan_(v)) return false;
-    e = {v, full.overlap, static_cast<int32_t>(a), order_key(v)};
+    e = {{v, full.overlap, static_cast<int32_t>(a)}, order_key(v)};
     return true;
   }
 };
@@ -94,14 +94,14 @@ __global__ void __launch_bounds__(kThreads)
     // the explicit entries: the owned anchors, and for a flagged row its candidates with non-finite metrics
     int mine = 0;
     for (int64_t a = threadIdx.x; a < A; a += blockDim.x) {
-      Entry<T> e;
+      KeyedEntry<T> e;
       mine += src.get(a, e);
     }
     const int all = BlockReduce(reduce_tmp).Sum(mine);
     if (threadIdx.x == 0) n_explicit = all;
     __syncthreads();
     // survivors: only anchors the row owns (the others take places without being kept)
-    select_row<kThreads, T>(src, n_explicit, A, k2, sh, scan_tmp, [&](const Entry<T>& e) {
+    select_row<kThreads, T>(src, n_explicit, A, k2, sh, scan_tmp, [&](const KeyedEntry<T>& e) {
       if (own[e.anchor] == m) {
         keep[b * A + e.anchor] = 1;
         stats.add(row, e.align, e.overlap);
