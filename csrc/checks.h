@@ -5,6 +5,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <limits>
@@ -229,6 +230,46 @@ inline void check_assign_seg_args(const PairDims& d, const at::Tensor& pd_scores
   TORCH_CHECK_VALUE(mh * mw <= geom::kMaxMaskPixels, "proto: at most ", geom::kMaxMaskPixels,
                     " mask pixels (exact float32 counts), got ", mh, " x ", mw);
   check_one_device(pd_scores, {&pd_coef, &mask_scale, &proto, &gt_masks});
+}
+
+// torch.ops.lucid.linear_sum_assignment: a cost (R, C) or a batch (B, R, C) of float costs, and the valid columns of
+// each problem of a batch (sizes, B integers, on the CPU or on the cost's device). Sizes on the CPU are checked here;
+// sizes on the GPU are checked by the kernel, which reports a size out of range in `info` (lsap.h) rather than
+// synchronise. The values of the cost are the solver's to judge (NaN, -inf, infeasible: `info`).
+struct LsapDims {
+  int64_t B, R, C, K;  // problems, rows, columns, pairs per problem at most (min(R, C))
+  bool batched;
+};
+
+inline LsapDims check_linear_sum_assignment_args(const at::Tensor& cost, const std::optional<at::Tensor>& sizes) {
+  TORCH_CHECK_VALUE(cost.dim() == 2 || cost.dim() == 3, "cost must be a matrix (R, C) or a batch of them (B, R, C), ",
+                    "got ", cost.dim(), " dimensions ", cost.sizes());
+  TORCH_CHECK_TYPE(c10::isFloatingType(cost.scalar_type()),
+                   "cost must be float32 or float64 (float16 and bfloat16 are widened exactly), got ",
+                   cost.scalar_type());
+  const bool batched = cost.dim() == 3;
+  const int64_t B = batched ? cost.size(0) : 1, R = cost.size(-2), C = cost.size(-1);
+  constexpr int64_t kMaxSide = std::numeric_limits<int32_t>::max() / 2;
+  TORCH_CHECK_VALUE(R <= kMaxSide && C <= kMaxSide, "cost: at most ", kMaxSide, " rows and columns, got ",
+                    cost.sizes());
+  if (sizes.has_value()) {
+    const auto& s = *sizes;
+    TORCH_CHECK_VALUE(batched, "sizes applies to a batch of costs (B, R, C); cost is a matrix ", cost.sizes());
+    TORCH_CHECK_TYPE(c10::isIntegralType(s.scalar_type(), /*includeBool=*/false),
+                     "sizes must hold integers (the valid columns of each problem), got ", s.scalar_type());
+    TORCH_CHECK_VALUE(s.dim() == 1 && s.size(0) == B, "sizes must be (B,) = (", B, ",), one per problem, got ",
+                      s.sizes());
+    TORCH_CHECK_VALUE(s.device() == cost.device() || s.is_cpu(), "sizes must be on the CPU or on the device of cost (",
+                      cost.device(), "), got ", s.device());
+    if (s.is_cpu()) {
+      const auto v = s.to(at::kLong).contiguous();
+      const int64_t* p = v.data_ptr<int64_t>();
+      for (int64_t b = 0; b < B; ++b) {
+        TORCH_CHECK_VALUE(p[b] >= 0 && p[b] <= C, "sizes[", b, "] must be in [0, C] = [0, ", C, "], got ", p[b]);
+      }
+    }
+  }
+  return {B, R, C, std::min(R, C), batched};
 }
 
 }  // namespace lucid

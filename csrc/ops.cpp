@@ -63,15 +63,23 @@ TORCH_LIBRARY(lucid, m) {
       "int num_classes, float alpha, float beta, float eps, float stride_val, *, str rules=\"8.4.144\", "
       "float? first_stride=None, ScalarType? autocast_dtype=None) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // The linear sum assignment (docs/spec.md, "Linear sum assignment"): SciPy's linear_sum_assignment of each problem,
+  // cost (R, C) or a batch (B, R, C) whose problem b is cost[b, :, :sizes[b]]. Returns (row_ind, col_ind, info):
+  // row_ind and col_ind (K,) or (B, K), K = min(R, C), int64, SciPy's pairs of each problem in its order (rows
+  // ascending) followed by -1; info () or (B,) int32, 0 where solved, else why not (lsap.h: NaN or -inf in the cost,
+  // infeasible, a size out of range), the problem's pairs then all -1. It never raises on the cost's values and never
+  // synchronises.
+  m.def("linear_sum_assignment(Tensor cost, Tensor? sizes=None) -> (Tensor, Tensor, Tensor)");
 }
 
-// The assignment produces targets, not something to differentiate: the outputs are constants. A fallthrough at the
-// Autograd key sends every call straight to the backend kernel, so inputs that require grad are accepted and the
-// outputs do not require grad.
+// The assignment and the matching produce targets, not something to differentiate: the outputs are constants. A
+// fallthrough at the Autograd key sends every call straight to the backend kernel, so inputs that require grad are
+// accepted and the outputs do not require grad.
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op :
        {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose",
-        "assign_seg"}) {
+        "assign_seg", "linear_sum_assignment"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

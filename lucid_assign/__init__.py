@@ -1,9 +1,10 @@
-"""lucid-assign: fused, memory-bounded task-aligned label assignment for YOLO-style detectors."""
+"""lucid-assign: fused, memory-bounded task-aligned label assignment for YOLO-style detectors, and exact batched
+Hungarian matching for DETR-style ones."""
 
 from . import _library, ops, reference  # noqa: F401  (_library: loading the compiled ops on import)
 from ._version import __version__
-from .api import FallbackWarning, assign, assign_pose, assign_seg, backends
+from .api import FallbackWarning, assign, assign_pose, assign_seg, backends, linear_sum_assignment
 from .assigner import PoseTaskAlignedAssigner, RotatedTaskAlignedAssigner, SegTaskAlignedAssigner, TaskAlignedAssigner
 
-__all__ = ["__version__", "FallbackWarning", "assign", "assign_pose", "assign_seg", "backends", "ops", "reference",
-           "TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner"]
+__all__ = ["__version__", "FallbackWarning", "assign", "assign_pose", "assign_seg", "backends", "linear_sum_assignment",
+           "ops", "reference", "TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner"]

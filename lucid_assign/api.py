@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from . import _library, ops, reference
+from . import _library, lsap, ops, reference
 from .reference import INPUTS, POSE_INPUTS, SEG_INPUTS
 
 BACKENDS = ("auto", "kernel", "reference")
@@ -586,6 +586,99 @@ def assign_seg(
     return dispatch(_SEG, box, (pd_coef, mask_scale, proto, gt_masks), settings, {}, backend)
 
 
+# ---- the linear sum assignment -----------------------------------------------------------------------------------
+
+
+def check_lsap_inputs(cost, sizes) -> None:
+    """Raise ValueError/TypeError naming the argument for a cost or sizes no backend takes (the reference path's
+    checks; the op has the same, csrc/checks.h)."""
+    _require_tensors(("cost",), (cost,))
+    if cost.dim() not in (2, 3):
+        raise ValueError(f"cost must be a matrix (R, C) or a batch of them (B, R, C), got {cost.dim()} dimensions "
+                         f"{_shape(cost)}")
+    if not cost.is_floating_point():
+        raise TypeError(f"cost must be float32 or float64 (float16 and bfloat16 are widened exactly), got {cost.dtype}")
+    if sizes is None:
+        return
+    if cost.dim() != 3:
+        raise ValueError(f"sizes applies to a batch of costs (B, R, C); cost is a matrix {_shape(cost)}")
+    if sizes.dtype == torch.bool or sizes.is_floating_point() or sizes.is_complex():
+        raise TypeError(f"sizes must hold integers (the valid columns of each problem), got {sizes.dtype}")
+    if _shape(sizes) != _shape(cost)[:1]:
+        raise ValueError(f"sizes must be (B,) = ({cost.shape[0]},), one per problem, got {_shape(sizes)}")
+    if sizes.device != cost.device and sizes.device.type != "cpu":
+        raise ValueError(f"sizes must be on the CPU or on the device of cost ({cost.device}), got {sizes.device}")
+    if sizes.device.type == "cpu":
+        n_cols = cost.shape[2]
+        for b, n in enumerate(sizes.tolist()):
+            if not 0 <= n <= n_cols:
+                raise ValueError(f"sizes[{b}] must be in [0, C] = [0, {n_cols}], got {n}")
+
+
+def _lsap_choice(cost, backend: str) -> str:
+    backend = resolve_backend(backend)
+    if backend == "reference":
+        return backend
+    device = cost.device.type
+    why = device_unsupported(device)
+    if why is None and not _library.has_kernel("linear_sum_assignment", device):
+        why = Reason(f"the compiled library has no linear_sum_assignment kernel for {device} tensors",
+                     _rebuild_fix(device))
+    return "kernel" if why is None else _fallback(backend, why, device)
+
+
+def raise_unsolved(info: torch.Tensor) -> None:
+    """ValueError with SciPy's words for the first problem the op did not solve (``info``, its third output). It reads
+    ``info``: on CUDA, one synchronisation."""
+    codes = info.reshape(-1).tolist()
+    for b, code in enumerate(codes):
+        if code:
+            message = lsap.INFO_MESSAGES[code].format(b=b)
+            raise ValueError(message if info.dim() == 0 or code == lsap.BAD_SIZE else f"cost[{b}]: {message}")
+
+
+def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, backend: str = "auto", check: bool = True):
+    """The linear sum assignment (Hungarian matching): ``scipy.optimize.linear_sum_assignment`` on each problem, its
+    choice exactly, ties included (docs/spec.md, "Linear sum assignment"), on the device of ``cost``.
+
+    Args:
+        cost: (R, C) or a batch (B, R, C) of costs, float32 or float64 (float16 and bfloat16 are widened exactly);
+            +inf forbids a pair, NaN and -inf are refused.
+        sizes: for a batch, the valid columns of each problem (problem b is ``cost[b, :, :sizes[b]]``, e.g. each
+            image's objects): B integers, a list or a tensor on the CPU or on the device of ``cost``; None: all C.
+        backend: "auto" (the compiled op where it has a kernel for the device, else the reference with a
+            FallbackWarning), "kernel" or "reference", as for ``assign``.
+        check: raise ValueError with SciPy's words when a problem holds NaN or -inf or has no complete matching that
+            avoids +inf (on CUDA this reads the op's status: one synchronisation). False: never synchronise; the
+            rows of such a problem are all -1 (``torch.ops.lucid.linear_sum_assignment`` also returns the status).
+
+    Returns:
+        For a matrix: ``(row_ind, col_ind)``, int64 tensors of min(R, C) pairs, as SciPy returns them (rows
+        ascending). For a batch: (B, R) int64, the column matched to each row of each problem, -1 for none.
+    """
+    _require_tensors(("cost",), (cost,))
+    if sizes is not None and not isinstance(sizes, torch.Tensor):
+        sizes = torch.as_tensor(list(sizes), dtype=torch.long)  # on the CPU: checked at the call, no synchronisation
+    if _lsap_choice(cost, backend) == "kernel":
+        rows, cols, info = ops.linear_sum_assignment(cost, sizes)
+    else:
+        check_lsap_inputs(cost, sizes)
+        rows, cols, info = lsap.linear_sum_assignment(cost, sizes)
+    if check:
+        raise_unsolved(info)
+    if cost.dim() == 2:
+        n = min(cost.shape)
+        return rows[:n], cols[:n]
+    return pairs_to_columns(rows, cols, cost.shape[1])
+
+
+def pairs_to_columns(rows: torch.Tensor, cols: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """(B, K) pairs in SciPy's form (-1 after the last) to the (B, R) column of each row (-1 for none), on the device,
+    without synchronising."""
+    out = rows.new_full((rows.shape[0], n_rows + 1), -1)
+    return out.scatter_(1, torch.where(rows >= 0, rows, n_rows), cols)[:, :n_rows]
+
+
 def backends() -> dict:
     """What can run here: the reference always; the compiled ops per device when the library is loaded; and what
     ``backend="auto"`` picks for float32 inputs on each device."""
@@ -605,4 +698,5 @@ def backends() -> dict:
     }
 
 
-_OPS = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose", "assign_seg")
+_OPS = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose", "assign_seg",
+        "linear_sum_assignment")

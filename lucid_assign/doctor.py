@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from . import _library, api, reference
+from . import _library, api, lsap, ops, reference
 from .reference import INPUTS
 from .synthetic import dota_like_batch
 
@@ -126,7 +126,27 @@ def self_check() -> list:
             except Exception as exc:  # a crash is a failure to report, not to raise
                 diff = f"{type(exc).__name__}: {exc}"
             results.append((device, kind, "FAIL" if diff else "PASS", diff or "equal to the reference"))
+        results.append(_matching_check(device))
     return results
+
+
+def _matching_check(device: str) -> tuple:
+    """The linear sum assignment kernel against the reference on a batch of small-integer costs (many exact ties),
+    with a forbidden column and ragged sizes."""
+    if not _library.has_kernel("linear_sum_assignment", device):
+        return device, "LSAP", "SKIP", f"no linear_sum_assignment kernel for {device}"
+    g = torch.Generator().manual_seed(2)
+    cost = torch.randint(0, 4, (4, 9, 6), generator=g).float()
+    cost[0, :, 2] = float("inf")
+    sizes = torch.tensor([6, 3, 0, 5])
+    try:
+        want = lsap.linear_sum_assignment(cost, sizes)
+        got = ops.linear_sum_assignment(cost.to(device), sizes)
+        same = all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+        diff = None if same else "the matches differ from the reference's"
+    except Exception as exc:  # a crash is a failure to report, not to raise
+        diff = f"{type(exc).__name__}: {exc}"
+    return device, "LSAP", "FAIL" if diff else "PASS", diff or "equal to the reference (SciPy's choice)"
 
 
 def patch_check() -> tuple:
@@ -143,9 +163,14 @@ def patch_check() -> tuple:
         found = integ.check_peer(peer.tal)
     except Exception as exc:  # a release patch() cannot take: its reason is the result
         return "FAIL", f"patch() cannot patch it: {type(exc).__name__}: {exc}"
-    took = f"{(time.perf_counter() - start) * 1e3:.0f} ms on the CPU"
     each = "; ".join(f"{name}: rule set {rules}" if rules else f"{name}: left to ultralytics ({why})"
                      for name, (rules, why) in found.items())
+    matcher = integ.check_matcher_of_peer()
+    if matcher is not None:
+        variant, why = matcher
+        each += f"; HungarianMatcher: {integ.describe_variant(variant)}" if variant else \
+            f"; HungarianMatcher: left to ultralytics ({why})"
+    took = f"{(time.perf_counter() - start) * 1e3:.0f} ms on the CPU"
     if not any(rules for rules, _ in found.values()):
         return "FAIL", f"ultralytics {peer.version} assigns differently ({each}): patch() refuses it ({took})"
     return "PASS", f"ultralytics {peer.version}: {each} ({took})"

@@ -191,6 +191,26 @@ def assign_seg(
     )
 
 
+def linear_sum_assignment(cost: torch.Tensor, sizes: torch.Tensor | None = None):
+    """The linear sum assignment, ``torch.ops.lucid.linear_sum_assignment`` (docs/spec.md, "Linear sum assignment"):
+    SciPy's ``linear_sum_assignment`` of each problem, on the device of ``cost``, with no host synchronisation.
+
+    Args:
+        cost: (R, C) or a batch (B, R, C), float32 or float64 (float16 and bfloat16 are widened exactly, as SciPy
+            widens them); +inf forbids a pair.
+        sizes: (B,) integers, the valid columns of each problem of a batch (problem b is ``cost[b, :, :sizes[b]]``),
+            on the CPU or on the device of ``cost``; None: all C.
+
+    Returns:
+        ``(row_ind, col_ind, info)``: row_ind and col_ind (K,) or (B, K) int64, K = min(R, C), each problem's pairs as
+        SciPy returns them (rows ascending), then -1; info () or (B,) int32: 0 where solved, 1 where the cost holds
+        NaN or -inf, 2 where no complete matching avoids +inf, 3 where a size on the GPU is outside [0, C] (sizes on
+        the CPU are checked at the call); the pairs of such a problem are all -1.
+    """
+    _require("linear_sum_assignment")
+    return torch.ops.lucid.linear_sum_assignment.default(cost, sizes)
+
+
 def _opt_float(x) -> float | None:
     return None if x is None else float(x)
 
@@ -245,6 +265,18 @@ if _library.loaded():
         _one_device(pd_scores, pd_coef, mask_scale, proto, gt_masks)
         return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                             alpha, beta, eps, stride_val)
+
+    @torch.library.register_fake("lucid::linear_sum_assignment")
+    def _linear_sum_assignment_fake(cost, sizes=None):
+        torch._check_value(cost.dim() in (2, 3), lambda: f"cost must be (R, C) or (B, R, C), got {tuple(cost.shape)}")
+        if sizes is not None:
+            torch._check_value(cost.dim() == 3 and tuple(sizes.shape) == tuple(cost.shape[:1]),
+                               lambda: f"sizes must be (B,) for a batch of costs {tuple(cost.shape)}, got "
+                                       f"{tuple(sizes.shape)}")
+        lead, (rows, cols) = tuple(cost.shape[:-2]), cost.shape[-2:]
+        k = torch.sym_min(rows, cols)
+        pairs = cost.new_empty((*lead, k), dtype=torch.long)
+        return pairs, torch.empty_like(pairs), cost.new_empty(lead, dtype=torch.int32)
 
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,

@@ -1,0 +1,185 @@
+// torch.ops.lucid.linear_sum_assignment on the CPU (docs/spec.md, "Linear sum assignment"): the problems of a batch
+// are independent tasks; each is SciPy's shortest augmenting path, run as SciPy runs it on a float64 copy of the
+// problem in the orientation the solver takes (lsap.h holds every rule it applies).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "checks.h"
+#include "lsap.h"
+
+namespace lucid {
+namespace cpu {
+namespace {
+
+// The solver's state for one problem of nr <= nc, reused by the problems of one task.
+class Solver {
+ public:
+  // The problem's cost, row-major (nr, nc), filled by the caller before solve().
+  std::vector<double> cost;
+
+  // Solves the nr x nc problem in `cost`; returns lsap::Info. col4row() holds the result.
+  int32_t solve(int64_t nr, int64_t nc) {
+    u_.assign(nr, 0.0);
+    v_.assign(nc, 0.0);
+    spc_.resize(nc);
+    path_.assign(nc, -1);
+    col4row_.assign(nr, -1);
+    row4col_.assign(nc, -1);
+    in_rows_.resize(nr);
+    in_cols_.resize(nc);
+    remaining_.resize(nc);
+    for (int64_t cur = 0; cur < nr; ++cur) {
+      double min_val = 0;
+      const int64_t sink = shortest_path(nr, nc, cur, &min_val);
+      if (sink < 0) return lsap::kInfeasible;
+      update_duals(nr, nc, cur, min_val);
+      augment(cur, sink);
+    }
+    return lsap::kSolved;
+  }
+
+  const std::vector<int64_t>& col4row() const { return col4row_; }
+  const std::vector<int64_t>& row4col() const { return row4col_; }
+
+ private:
+  // Dijkstra's search from row `cur` over the reduced costs, to the first free column it reaches (the sink); -1 when
+  // every column left is at an infinite distance.
+  int64_t shortest_path(int64_t nr, int64_t nc, int64_t cur, double* min_out) {
+    int64_t left = nc;
+    for (int64_t it = 0; it < nc; ++it) remaining_[it] = nc - it - 1;  // SciPy's order: the last column first
+    std::fill(in_rows_.begin(), in_rows_.begin() + nr, 0);
+    std::fill(in_cols_.begin(), in_cols_.begin() + nc, 0);
+    std::fill(spc_.begin(), spc_.begin() + nc, lsap::kInf);
+    double min_val = 0;
+    int64_t i = cur;
+    while (true) {
+      in_rows_[i] = 1;
+      const double* row = cost.data() + i * nc;
+      const double u_i = u_[i];
+      int64_t index = -1;
+      double lowest = lsap::kInf;
+      for (int64_t it = 0; it < left; ++it) {
+        const int64_t j = remaining_[it];
+        const double r = lsap::path_cost(min_val, row[j], u_i, v_[j]);
+        if (r < spc_[j]) {
+          path_[j] = i;
+          spc_[j] = r;
+        }
+        if (lsap::scan_takes(spc_[j], row4col_[j] == -1, lowest)) {
+          lowest = spc_[j];
+          index = it;
+        }
+      }
+      min_val = lowest;
+      if (min_val == lsap::kInf) return -1;
+      const int64_t j = remaining_[index];
+      in_cols_[j] = 1;
+      remaining_[index] = remaining_[--left];
+      if (row4col_[j] == -1) {
+        *min_out = min_val;
+        return j;
+      }
+      i = row4col_[j];
+    }
+  }
+
+  void update_duals(int64_t nr, int64_t nc, int64_t cur, double min_val) {
+    u_[cur] += min_val;
+    for (int64_t i = 0; i < nr; ++i) {
+      if (in_rows_[i] && i != cur) u_[i] += min_val - spc_[col4row_[i]];
+    }
+    for (int64_t j = 0; j < nc; ++j) {
+      if (in_cols_[j]) v_[j] -= min_val - spc_[j];
+    }
+  }
+
+  // Flips the matching along the path from the sink back to row `cur`.
+  void augment(int64_t cur, int64_t j) {
+    while (true) {
+      const int64_t i = path_[j];
+      row4col_[j] = i;
+      std::swap(col4row_[i], j);
+      if (i == cur) return;
+    }
+  }
+
+  std::vector<double> u_, v_, spc_;
+  std::vector<int64_t> path_, col4row_, row4col_, remaining_;
+  std::vector<char> in_rows_, in_cols_;
+};
+
+// Problem b of the batch: rows R, columns cols (<= C, the row stride), solved into out_rows/out_cols (K each).
+template <typename T>
+int32_t solve_problem(Solver& s, const T* cost, int64_t R, int64_t C, int64_t cols, int64_t K, int64_t* out_rows,
+                      int64_t* out_cols) {
+  std::fill(out_rows, out_rows + K, -1);
+  std::fill(out_cols, out_cols + K, -1);
+  if (R == 0 || cols == 0) return lsap::kSolved;
+  const bool transposed = lsap::solved_transposed(R, cols);
+  const int64_t nr = transposed ? cols : R, nc = transposed ? R : cols;
+  s.cost.resize(nr * nc);
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double x = static_cast<double>(cost[r * C + c]);
+      if (lsap::invalid_entry(x)) return lsap::kInvalidEntry;
+      s.cost[transposed ? c * nc + r : r * nc + c] = x;
+    }
+  }
+  const int32_t info = s.solve(nr, nc);
+  if (info != lsap::kSolved) return info;
+  if (!transposed) {
+    for (int64_t r = 0; r < nr; ++r) {
+      out_rows[r] = r;
+      out_cols[r] = s.col4row()[r];
+    }
+  } else {  // the solver's columns are the original rows: their matches in ascending order
+    int64_t k = 0;
+    for (int64_t r = 0; r < nc; ++r) {
+      if (s.row4col()[r] < 0) continue;
+      out_rows[k] = r;
+      out_cols[k] = s.row4col()[r];
+      ++k;
+    }
+  }
+  return lsap::kSolved;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_sum_assignment_cpu(const at::Tensor& cost,
+                                                                        const std::optional<at::Tensor>& sizes) {
+  const LsapDims d = check_linear_sum_assignment_args(cost, sizes);
+  const auto index_opts = cost.options().dtype(at::kLong);
+  auto rows = at::empty({d.B, d.K}, index_opts);
+  auto cols = at::empty({d.B, d.K}, index_opts);
+  auto info = at::empty({d.B}, cost.options().dtype(at::kInt));
+  const auto c = cost.contiguous();
+  const auto n = sizes.has_value() ? sizes->to(at::kLong).contiguous() : at::Tensor();
+  const int64_t* n_ptr = n.defined() ? n.data_ptr<int64_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "linear_sum_assignment_cpu", [&] {
+    const scalar_t* base = c.data_ptr<scalar_t>();
+    int64_t* r_ptr = rows.data_ptr<int64_t>();
+    int64_t* c_ptr = cols.data_ptr<int64_t>();
+    int32_t* i_ptr = info.data_ptr<int32_t>();
+    at::parallel_for(0, d.B, 1, [&](int64_t begin, int64_t end) {
+      Solver s;
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t width = n_ptr ? n_ptr[b] : d.C;
+        i_ptr[b] = solve_problem(s, base + b * d.R * d.C, d.R, d.C, width, d.K, r_ptr + b * d.K, c_ptr + b * d.K);
+      }
+    });
+  });
+  if (!d.batched) return {rows.squeeze(0), cols.squeeze(0), info.squeeze(0)};
+  return {rows, cols, info};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lucid, CPU, m) { m.impl("linear_sum_assignment", &linear_sum_assignment_cpu); }
+
+}  // namespace cpu
+}  // namespace lucid

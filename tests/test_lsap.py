@@ -1,0 +1,292 @@
+"""The linear sum assignment (docs/spec.md, "Linear sum assignment") against its oracle, SciPy's
+``scipy.optimize.linear_sum_assignment``: the compiled op on each device and the pure reference, on random, tie-heavy,
+forbidden (+inf), ragged, empty, tall and wide problems, exactly (the same pairs, in the same order); its errors; and
+the op's CUDA properties (no synchronisation, CUDA graphs, torch.compile, opcheck)."""
+
+import numpy as np
+import pytest
+import torch
+
+import lucid_assign
+from lucid_assign import api, lsap
+
+from conftest import devices
+
+scipy_optimize = pytest.importorskip("scipy.optimize", reason="SciPy is the oracle of the linear sum assignment")
+BACKENDS = [pytest.param(("kernel", "cpu"), id="kernel-cpu"), pytest.param(("reference", "cpu"), id="reference"),
+            pytest.param(("kernel", "cuda"), id="kernel-cuda", marks=pytest.mark.cuda)]
+
+
+def scipy_pairs(cost: torch.Tensor):
+    """SciPy's (row_ind, col_ind) of one problem, or its ValueError's words."""
+    try:
+        r, c = scipy_optimize.linear_sum_assignment(cost.double().cpu().numpy())
+    except ValueError as exc:
+        return str(exc)
+    return r.tolist(), c.tolist()
+
+
+def solve(backend, cost, sizes=None):
+    kind, device = backend
+    if kind == "kernel":
+        pytest.importorskip("lucid_assign._C", reason="compiled library not built")
+    sizes_arg = sizes if sizes is None or isinstance(sizes, list) else sizes.to(device)
+    return api.linear_sum_assignment(cost.to(device), sizes_arg, backend=kind, check=False)
+
+
+def problem(kind: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
+    """A cost of one kind: uniform, small integers (exact ties everywhere), constant, with forbidden pairs, negative,
+    or rounded to float32 (ties after rounding)."""
+    if kind == "uniform":
+        return torch.rand(rows, cols, generator=g, dtype=torch.float64)
+    if kind == "ties":
+        return torch.randint(0, 3, (rows, cols), generator=g).double()
+    if kind == "constant":
+        return torch.full((rows, cols), 2.5, dtype=torch.float64)
+    if kind == "forbidden":
+        c = torch.randint(0, 4, (rows, cols), generator=g).double()
+        return c.masked_fill(torch.rand(rows, cols, generator=g) < 0.35, float("inf"))
+    if kind == "negative":
+        return torch.randint(-5, 5, (rows, cols), generator=g).double() * 0.25
+    return (torch.rand(rows, cols, generator=g) * 4).round().float()
+
+
+KINDS = ("uniform", "ties", "constant", "forbidden", "negative", "float32")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_matrices_equal_scipy(backend, kind):
+    """2-D costs, tall, wide and square, of every kind: SciPy's pairs in SciPy's order, or SciPy's refusal."""
+    g = torch.Generator().manual_seed(KINDS.index(kind))
+    for rows, cols in [(0, 0), (0, 4), (3, 0), (1, 1), (1, 7), (7, 1), (5, 5), (4, 9), (9, 4), (13, 13), (6, 17)]:
+        for _ in range(3):
+            cost = problem(kind, rows, cols, g)
+            want = scipy_pairs(cost)
+            if isinstance(want, str):  # infeasible: the op says so in info, the API raises SciPy's words
+                with pytest.raises(ValueError, match=want):
+                    api.linear_sum_assignment(cost.to(backend[1]), backend=backend[0])
+                continue
+            r, c = solve(backend, cost)
+            assert (r.tolist(), c.tolist()) == want, (kind, rows, cols, cost)
+            assert r.device.type == backend[1] and r.dtype == c.dtype == torch.long
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ("uniform", "ties", "forbidden", "float32"))
+def test_ragged_batches_equal_scipy_per_problem(backend, kind):
+    """A batch with sizes: problem b is cost[b, :, :sizes[b]], its (B, R) columns those of SciPy on it."""
+    g = torch.Generator().manual_seed(10 + KINDS.index(kind))
+    for rows, cols in [(12, 5), (5, 12), (8, 8)]:
+        cost = torch.stack([problem(kind, rows, cols, g) for _ in range(6)])
+        sizes = torch.randint(0, cols + 1, (6,), generator=g)
+        sizes[0], sizes[1] = 0, cols
+        got = solve(backend, cost, sizes)
+        assert got.shape == (6, rows)
+        for b in range(6):
+            want = scipy_pairs(cost[b, :, : sizes[b]])
+            expect = [-1] * rows
+            if isinstance(want, str):
+                assert got[b].tolist() == expect  # unsolved: no pairs (check=False)
+                continue
+            for r, c in zip(*want):
+                expect[r] = c
+            assert got[b].tolist() == expect, (kind, b, cost[b, :, : sizes[b]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(4, 300, 10), (4, 300, 50), (2, 300, 200), (2, 120, 300), (2, 200, 200)])
+def test_detr_sized_problems_equal_scipy(backend, shape):
+    """The sizes of DETR trainers (300 queries against their images' objects) and square ones, float32 costs."""
+    if backend[0] == "reference" and shape[2] >= 200:
+        pytest.skip("the reference takes seconds here; the kernels are checked against SciPy")
+    g = torch.Generator().manual_seed(sum(shape))
+    cost = torch.rand(shape, generator=g)
+    cost[0] = (cost[0] * 8).round()  # a problem of exact ties
+    if backend[0] == "kernel":
+        pytest.importorskip("lucid_assign._C", reason="compiled library not built")
+        rows, cols, _ = lucid_assign.ops.linear_sum_assignment(cost.to(backend[1]))
+    else:
+        rows, cols, _ = lsap.linear_sum_assignment(cost)
+    for b in range(shape[0]):
+        r, c = scipy_pairs(cost[b])
+        k = len(r)
+        assert rows[b, :k].tolist() == r and cols[b, :k].tolist() == c
+        assert (rows[b, k:] == -1).all() and (cols[b, k:] == -1).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float64))
+def test_other_dtypes_are_widened_exactly(backend, dtype):
+    """float16 and bfloat16 costs are matched as SciPy matches their exact float64 values; float64 as it is."""
+    g = torch.Generator().manual_seed(3)
+    cost = (torch.rand(3, 9, 6, generator=g) * 3).to(dtype)
+    got = solve(backend, cost)
+    for b in range(3):
+        r, c = scipy_pairs(cost[b].double())
+        assert [got[b, i].item() for i in r] == c
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_errors_have_scipy_words(backend):
+    """NaN and -inf are refused, a problem with no complete matching is infeasible: SciPy's ValueError, naming the
+    problem in a batch; check=False returns no pairs for it instead."""
+    kind, device = backend
+    if kind == "kernel":
+        pytest.importorskip("lucid_assign._C", reason="compiled library not built")
+    nan = torch.tensor([[1.0, float("nan")], [0.0, 2.0]])
+    with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+        api.linear_sum_assignment(nan.to(device), backend=kind)
+    neg_inf = torch.tensor([[1.0, float("-inf")], [0.0, 2.0]])
+    with pytest.raises(ValueError, match="invalid numeric entries"):
+        api.linear_sum_assignment(neg_inf.to(device), backend=kind)
+    blocked = torch.tensor([[float("inf"), float("inf")], [0.0, 2.0]])
+    with pytest.raises(ValueError, match="^cost matrix is infeasible$"):
+        api.linear_sum_assignment(blocked.to(device), backend=kind)
+    batch = torch.stack([torch.zeros(2, 2), blocked, nan])
+    with pytest.raises(ValueError, match=r"^cost\[1\]: cost matrix is infeasible$"):
+        api.linear_sum_assignment(batch.to(device), backend=kind)
+    got = api.linear_sum_assignment(batch.to(device), backend=kind, check=False)
+    assert got.tolist() == [[0, 1], [-1, -1], [-1, -1]]
+    # a NaN outside a problem's valid columns is not part of it
+    assert api.linear_sum_assignment(nan[None].to(device), [1], backend=kind).tolist() == [[-1, 0]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_arguments_name_the_argument(backend):
+    kind, device = backend
+    if kind == "kernel":
+        pytest.importorskip("lucid_assign._C", reason="compiled library not built")
+    cost = torch.rand(2, 3, 4, device=device)
+
+    def call(*args, **kw):
+        return api.linear_sum_assignment(*args, backend=kind, **kw)
+
+    with pytest.raises(ValueError, match="cost must be a matrix"):
+        call(torch.rand(3, device=device))
+    with pytest.raises(ValueError, match="cost must be a matrix"):
+        call(torch.rand(1, 2, 3, 4, device=device))
+    with pytest.raises(TypeError, match="cost must be float32 or float64"):
+        call(torch.ones(3, 3, dtype=torch.long, device=device))
+    with pytest.raises(TypeError, match="cost must be a torch.Tensor"):
+        call([[1.0, 2.0]])
+    with pytest.raises(ValueError, match=r"sizes must be \(B,\)"):
+        call(cost, [1, 2, 3])
+    with pytest.raises(ValueError, match=r"sizes\[1\] must be in \[0, C\] = \[0, 4\], got 5"):
+        call(cost, [1, 5])
+    with pytest.raises(ValueError, match=r"sizes\[0\] must be in \[0, C\]"):
+        call(cost, torch.tensor([-1, 0]))
+    with pytest.raises(TypeError, match="sizes must hold integers"):
+        call(cost, torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="sizes applies to a batch"):
+        call(cost[0], [1])
+
+
+@pytest.mark.parametrize("device", devices())
+def test_inputs_are_not_modified(library, device):
+    g = torch.Generator().manual_seed(4)
+    cost = torch.rand(3, 7, 5, generator=g).to(device)
+    cost[0, 1, 2] = float("inf")
+    sizes = torch.tensor([5, 2, 0], device=device)
+    before = cost.clone(), sizes.clone()
+    lucid_assign.ops.linear_sum_assignment(cost, sizes)
+    lucid_assign.ops.linear_sum_assignment(cost.transpose(1, 2), sizes.clone().fill_(7))  # tall, non-contiguous
+    assert torch.equal(cost, before[0]) and torch.equal(sizes, before[1])
+
+
+def test_auto_falls_back_to_the_reference_with_a_warning(monkeypatch):
+    """Under "auto", a device without a kernel runs the reference, said by a FallbackWarning."""
+    monkeypatch.setattr(api, "device_unsupported", lambda device: api.Reason("no kernel here (test)", "build it"))
+    monkeypatch.setattr(api, "_warned", set())
+    cost = torch.rand(4, 3)
+    with pytest.warns(lucid_assign.FallbackWarning, match="no kernel here"):
+        r, c = api.linear_sum_assignment(cost)
+    assert (r.tolist(), c.tolist()) == scipy_pairs(cost)
+    with pytest.raises(RuntimeError, match="backend='kernel' cannot run"):
+        api.linear_sum_assignment(cost, backend="kernel")
+
+
+def test_op_outputs_and_opcheck(library):
+    """The op's outputs (pairs padded with -1, info per problem) and torch.library.opcheck, with sizes on the CPU."""
+    g = torch.Generator().manual_seed(5)
+    cost = torch.rand(3, 4, 6, generator=g)
+    rows, cols, info = library.linear_sum_assignment(cost, torch.tensor([6, 2, 0]))
+    assert rows.shape == cols.shape == (3, 4) and info.tolist() == [0, 0, 0] and info.dtype == torch.int32
+    assert rows[1].tolist() == [r for r in scipy_pairs(cost[1, :, :2])[0]] + [-1, -1]
+    assert rows[2].tolist() == [-1] * 4
+    r, c, i = library.linear_sum_assignment(cost[0])
+    assert r.shape == (4,) and i.shape == () and (r.tolist(), c.tolist()) == scipy_pairs(cost[0])
+    for args in [(cost, None), (cost, torch.tensor([6, 2, 0])), (cost[0], None), (cost.double().transpose(1, 2), None)]:
+        torch.library.opcheck(torch.ops.lucid.linear_sum_assignment.default, args)
+
+
+@pytest.mark.cuda
+def test_cuda_sizes_out_of_range_are_reported_without_a_sync(library):
+    """Sizes that live on the GPU are checked by the kernel: info 3 for the problem, and the API raises."""
+    cost = torch.rand(2, 5, 4, device="cuda")
+    sizes = torch.tensor([4, 9], device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows, cols, info = library.linear_sum_assignment(cost, sizes)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert info.tolist() == [0, lsap.BAD_SIZE] and rows[1].tolist() == [-1] * 4
+    with pytest.raises(ValueError, match=r"sizes\[1\] is outside \[0, C\]"):
+        api.linear_sum_assignment(cost, sizes)
+
+
+@pytest.mark.cuda
+def test_cuda_no_sync_graphs_and_compile(library):
+    """No host synchronisation (sizes on the device or a list), a CUDA graph replays the op on new costs, and
+    torch.compile(fullgraph=True) gives the eager results."""
+    g = torch.Generator().manual_seed(6)
+    cost = torch.rand(4, 300, 20, generator=g).cuda()
+    sizes = torch.tensor([20, 7, 0, 13], device="cuda")
+    eager = library.linear_sum_assignment(cost, sizes)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        library.linear_sum_assignment(cost, sizes)
+        api.linear_sum_assignment(cost, [20, 7, 0, 13], check=False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    static = cost.clone()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        library.linear_sum_assignment(static, sizes)  # warm-up outside the capture
+        with torch.cuda.graph(graph):
+            out = library.linear_sum_assignment(static, sizes)
+    torch.cuda.current_stream().wait_stream(stream)
+    fresh = torch.rand(4, 300, 20, generator=g).cuda()
+    static.copy_(fresh)
+    graph.replay()
+    want = library.linear_sum_assignment(fresh, sizes)
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
+    compiled = torch.compile(lambda c, s: library.linear_sum_assignment(c, s), fullgraph=True)
+    assert all(torch.equal(a, b) for a, b in zip(compiled(cost, sizes), eager))
+
+
+@pytest.mark.cuda
+def test_cuda_large_problems_use_the_global_workspace(library):
+    """A problem whose state does not fit in shared memory runs from a workspace in device memory."""
+    g = torch.Generator().manual_seed(7)
+    cost = (torch.rand(1, 40, 9000, generator=g) * 50).round()
+    rows, cols, info = library.linear_sum_assignment(cost.cuda())
+    r, c = scipy_pairs(cost[0])
+    assert rows[0].tolist() == r and cols[0].tolist() == c and info.item() == 0
+
+
+def test_reference_follows_scipy_scan_order():
+    """The tie rules in words (docs/spec.md): a constant cost gives the identity (the scan meets the last column
+    first, and keeps a later free one at the same cost); a tall one is solved transposed."""
+    assert lsap.solve_problem(torch.zeros(3, 5))[1:] == ([0, 1, 2], [0, 1, 2])
+    assert lsap.solve_problem(torch.zeros(5, 3))[1:] == ([0, 1, 2], [0, 1, 2])
+    assert scipy_pairs(torch.zeros(3, 5)) == ([0, 1, 2], [0, 1, 2])
+    rng = np.random.default_rng(8)
+    for _ in range(50):
+        cost = torch.from_numpy(rng.integers(0, 2, (6, 8)).astype(np.float64))
+        info, r, c = lsap.solve_problem(cost)
+        assert (r, c) == scipy_pairs(cost)
