@@ -48,8 +48,9 @@ from ..reference import SEG_INPUTS
 from ._peer import TESTED_RANGE, accepted as _accepted, find_peer as _peer, first_module
 from .ultralytics_check import check_peer, self_check
 from .ultralytics_ddp import rank_patched
+from .ultralytics_detr import NAME as MATCHER, LucidHungarianMatcher, check_matcher, matcher_modules
 
-__all__ = ["FallbackWarning", "LucidPoseTaskAlignedAssigner", "LucidRotatedTaskAlignedAssigner",
+__all__ = ["FallbackWarning", "LucidHungarianMatcher", "LucidPoseTaskAlignedAssigner", "LucidRotatedTaskAlignedAssigner",
            "LucidSegTaskAlignedAssigner", "LucidTaskAlignedAssigner", "PeerMismatchError", "check_peer",
            "effective_backend", "is_patched", "patch", "patch_report", "patched", "self_check", "unpatch"]
 
@@ -202,7 +203,22 @@ class LucidSegTaskAlignedAssigner(_Patched, _ours.SegTaskAlignedAssigner):
 _PATCHED = {"TaskAlignedAssigner": LucidTaskAlignedAssigner,
             "RotatedTaskAlignedAssigner": LucidRotatedTaskAlignedAssigner,
             "PoseTaskAlignedAssigner": LucidPoseTaskAlignedAssigner,
-            "SegTaskAlignedAssigner": LucidSegTaskAlignedAssigner}
+            "SegTaskAlignedAssigner": LucidSegTaskAlignedAssigner,
+            MATCHER: LucidHungarianMatcher}
+
+
+def describe_variant(variant) -> str:
+    """patch_report()'s words for the cost variant of the patched matcher."""
+    parts = [f"{variant.layout} cost"] + (["widened to float32"] if variant.widen else []) + \
+        (["non-finite costs to 0"] if variant.sanitize else [])
+    return ", ".join(parts)
+
+
+def check_matcher_of_peer():
+    """(variant, why) of check_matcher for the installed peer's HungarianMatcher, or None when it has none (no RT-DETR
+    in the release, or its module does not import)."""
+    modules = matcher_modules()
+    return check_matcher(getattr(modules[0], MATCHER)) if modules else None
 
 
 def _announce(first_call: str) -> None:
@@ -267,12 +283,22 @@ def patch(backend: str = "auto") -> None:
         _rules = rules
         _left = {name: why for name, (r, why) in found.items() if r is None}
         _originals = {(m.__name__, n): getattr(m, n) for m in peer.losses for n in rules if hasattr(m, n)}
+        matcher = check_matcher_of_peer()
+        if matcher is not None:
+            variant, why = matcher
+            LucidHungarianMatcher.variant = variant
+            if variant is None:
+                _left[MATCHER] = why
+            else:
+                _rules[MATCHER] = describe_variant(variant)
+                _originals.update({(m.__name__, MATCHER): getattr(m, MATCHER) for m in matcher_modules()})
         if callable(getattr(peer.dist, "generate_ddp_file", None)):
             _originals[(peer.dist.__name__, "generate_ddp_file")] = peer.dist.generate_ddp_file
         for name, why in _left.items():
             _say_once(f"lucid-assign: ultralytics {peer.version}'s {name} is left to ultralytics ({why}); its other "
                       f"assigners are patched")
     _backend = backend
+    LucidHungarianMatcher.backend = backend
     for (module, name), original in _originals.items():
         ours = rank_patched(original, lambda: _backend) if name == "generate_ddp_file" else _PATCHED[name]
         setattr(sys.modules[module], name, ours)
@@ -281,9 +307,10 @@ def patch(backend: str = "auto") -> None:
 
 
 def patch_report() -> list:
-    """What patch() did with each assigner of the installed release: lines "NAME: patched (rule set R)" or
-    "NAME: left to ultralytics (why)". Empty when not patched."""
-    return ([f"{name}: patched (rule set {rules})" for name, rules in _rules.items()] +
+    """What patch() did with each assigner of the installed release, and with its RT-DETR matcher: lines "NAME:
+    patched (rule set R)" (the matcher: "patched (its cost variant)") or "NAME: left to ultralytics (why)". Empty
+    when not patched."""
+    return ([f"{name}: patched ({'' if name == MATCHER else 'rule set '}{rules})" for name, rules in _rules.items()] +
             [f"{name}: left to ultralytics ({why})" for name, why in _left.items()]) if _originals is not None else []
 
 
@@ -295,6 +322,7 @@ def unpatch() -> None:
     for (module, name), original in _originals.items():
         setattr(sys.modules[module], name, original)
     _originals, _rules, _left = None, {}, {}
+    LucidHungarianMatcher.variant, LucidHungarianMatcher.backend = None, "auto"
 
 
 def is_patched() -> bool:
@@ -313,6 +341,6 @@ def patched(backend: str = "auto"):
         yield
     finally:
         if was:
-            _backend = before
+            _backend = LucidHungarianMatcher.backend = before
         else:
             unpatch()

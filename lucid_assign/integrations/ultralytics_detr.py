@@ -1,0 +1,279 @@
+"""The peer's (ultralytics) RT-DETR matcher on lucid-assign's batched linear sum assignment.
+
+The peer's ``HungarianMatcher`` (built by ``DETRLoss`` and ``RTDETRDetectionLoss``) computes a (batch, queries,
+objects) cost on the device, copies it to the host and calls ``linear_sum_assignment`` once per image, seven times a
+step. ``LucidHungarianMatcher`` computes the same cost with the same tensor operations, matches every image in one
+call of ``torch.ops.lucid.linear_sum_assignment`` on the cost's device (SciPy's choice, ties included) and returns
+what the peer's loss expects: per image, the matched queries in ascending order and their objects' indices into the
+batch's concatenated objects (index tensors on the cost's device, where the peer's are on the CPU).
+
+Its releases compute the cost in one of a few ways, told apart by ``Variant``:
+- layout: "flat" (8.0 to 8.3.1xx: every query against every object of the batch, each image's block taken from it)
+  or "padded" (later: each image's objects padded to the batch's largest count);
+- widen: the scores and boxes taken to float32 first (8.4.180 on);
+- sanitize: NaN and infinite costs set to 0 (8.0.200 on; before, SciPy refused them).
+patch() picks the variant that gives the installed release's matches on built-in batches (check_matcher), never by
+the version string, and leaves the matcher to the peer when none does, or when the peer would not run SciPy.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .. import api, ops
+from ._peer import first_module
+
+# Where the peer keeps the matcher (ops) and the losses that build it (loss), 8.0.1xx's vit package first.
+_MATCHER_MODULES = ("ultralytics.models.utils.ops", "ultralytics.vit.utils.ops")
+_DETR_LOSS_MODULES = ("ultralytics.models.utils.loss", "ultralytics.vit.utils.loss")
+NAME = "HungarianMatcher"
+
+
+class Variant(NamedTuple):
+    layout: str  # "padded" or "flat"
+    widen: bool
+    sanitize: bool
+
+
+VARIANTS = tuple(Variant(*v) for v in itertools.product(("padded", "flat"), (True, False), (True, False)))
+
+
+def matcher_modules() -> list:
+    """The peer's modules that hold the name HungarianMatcher: the matcher's own and the losses'."""
+    found = []
+    for names in (_MATCHER_MODULES, _DETR_LOSS_MODULES):
+        try:
+            module = first_module(names)
+        except Exception:  # an RT-DETR module that fails to import (e.g. without SciPy before 8.4): nothing to patch
+            module = None
+        if module is not None and isinstance(getattr(module, NAME, None), type):
+            found.append(module)
+    return found
+
+
+def peer_solver_is_scipy() -> bool:
+    """Whether the peer's matcher solves with SciPy (it does whenever SciPy imports; 8.4.x falls back to its own
+    NumPy solver without it, which may break ties differently)."""
+    try:
+        import scipy.optimize  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _focal_class_cost(p: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
+    """The focal classification cost of probabilities p, the peer's operations in its order."""
+    neg = (1 - alpha) * (p**gamma) * (-(1 - p + 1e-8).log())
+    pos = alpha * ((1 - p) ** gamma) * (-(p + 1e-8).log())
+    return pos - neg
+
+
+def matching_cost(m, variant: Variant, bbox_iou, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups):
+    """The peer's cost of matcher ``m`` (its cost_gain, use_fl, alpha, gamma) under ``variant``, with the peer's own
+    ``bbox_iou``: (bs, nq, max(groups)), each image's objects in its first columns."""
+    bs, nq, nc = pred_scores.shape
+    scores, boxes = pred_scores.detach(), pred_bboxes.detach()
+    if variant.widen:
+        scores, boxes = scores.float(), boxes.float()
+    if variant.layout == "padded":
+        gt_boxes = torch.nn.utils.rnn.pad_sequence(gt_bboxes.split(groups), batch_first=True)
+        gt_labels = torch.nn.utils.rnn.pad_sequence(gt_cls.split(groups), batch_first=True)
+        probs = scores.sigmoid() if m.use_fl else F.softmax(scores, dim=-1)
+        probs = probs.gather(2, gt_labels[:, None].expand(-1, nq, -1))
+        pd, gt = boxes.unsqueeze(2), gt_boxes.unsqueeze(1)
+    else:
+        probs = scores.view(-1, nc)
+        probs = probs.sigmoid() if m.use_fl else F.softmax(probs, dim=-1)
+        probs = probs[:, gt_cls]
+        pd, gt = boxes.view(-1, 4).unsqueeze(1), gt_bboxes.unsqueeze(0)
+    cost_class = _focal_class_cost(probs, m.alpha, m.gamma) if m.use_fl else -probs
+    cost_bbox = (pd - gt).abs().sum(-1)
+    cost_giou = 1.0 - bbox_iou(pd, gt, xywh=True, GIoU=True).squeeze(-1)
+    gain = m.cost_gain
+    cost = gain["class"] * cost_class + gain["bbox"] * cost_bbox + gain["giou"] * cost_giou
+    if variant.sanitize:
+        cost[cost.isnan() | cost.isinf()] = 0.0
+    if variant.layout == "padded":
+        return cost
+    # each image's block of the batch-wide cost, its objects in the first columns (exact: a gather)
+    cost = cost.view(bs, nq, -1)
+    starts = list(itertools.accumulate(groups, initial=0))
+    width = max(groups)
+    last = starts[-1] - 1
+    cols = torch.tensor([[min(starts[b] + min(k, max(n - 1, 0)), last) for k in range(width)]
+                         for b, n in enumerate(groups)])
+    cols = cols.to(cost.device, non_blocking=True)
+    return cost.gather(2, cols[:, None, :].expand(bs, nq, width))
+
+
+def match(cost: torch.Tensor, groups: list, backend: str, check: bool) -> list:
+    """Each image's matches of the padded cost, as the peer's matcher returns them: (queries ascending, objects'
+    indices into the batch's concatenated objects)."""
+    bs, nq = cost.shape[:2]
+    sizes = torch.tensor(groups, dtype=torch.long)
+    if api.resolve_backend(backend) == "reference":
+        rows, cols, info = api.lsap.linear_sum_assignment(cost, sizes)
+    else:
+        rows, cols, info = ops.linear_sum_assignment(cost, sizes)
+    if check:
+        api.raise_unsolved(info)
+    starts = list(itertools.accumulate(groups, initial=0))
+    offsets = torch.tensor(starts[:-1], dtype=torch.long).to(cols.device, non_blocking=True)
+    cols = cols + offsets[:, None]
+    return [(rows[b, : min(nq, n)], cols[b, : min(nq, n)]) for b, n in enumerate(groups)]
+
+
+class LucidHungarianMatcher(torch.nn.Module):
+    """The peer's ``HungarianMatcher`` while patched: the peer's constructor and settings, the peer's cost, SciPy's
+    matches from lucid-assign's batched op on the cost's device. Calls it does not reproduce (the mask cost of early
+    releases) go to the peer's own matcher, which it keeps."""
+
+    variant: Variant | None = None  # set by patch() for the installed release
+    backend = "auto"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        peer = _peer_matcher_class()(*args, **kwargs)
+        self.__dict__.update({k: v for k, v in vars(peer).items() if not k.startswith("_") and k != "training"})
+        self.__dict__["_peer_matcher"] = peer  # not a submodule: a fallback, not part of the model
+
+    def forward(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, gt_groups, masks=None, gt_mask=None):
+        variant, backend = type(self).variant, api.resolve_backend(type(self).backend)
+        uses_masks = getattr(self, "with_mask", False) or masks is not None or gt_mask is not None
+        if variant is None or uses_masks or not self._runs_here(pred_scores, backend):
+            extra = {} if masks is None and gt_mask is None else dict(masks=masks, gt_mask=gt_mask)
+            return self._peer_matcher(pred_bboxes, pred_scores, gt_bboxes, gt_cls, gt_groups, **extra)
+        if self.__dict__.pop("_first_call", True):
+            self.__dict__["_first_call"] = False
+            _note_first_call(f"{NAME} ran lucid-assign's {'kernel' if backend == 'auto' else backend} on "
+                             f"{pred_scores.device}")
+        groups = [int(n) for n in gt_groups]
+        if sum(groups) == 0:  # the peer's own answer: empty CPU index tensors
+            return [(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long)) for _ in groups]
+        with torch.no_grad():
+            cost = matching_cost(self, variant, _peer_bbox_iou(), pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups)
+            # without sanitising, the peer's SciPy refuses NaN and infinite costs: so do we (one synchronisation)
+            return match(cost, groups, backend, check=not variant.sanitize)
+
+    def _runs_here(self, pred_scores, backend: str) -> bool:
+        if backend == "reference":
+            return True
+        why = api.device_unsupported(pred_scores.device.type)
+        if why is not None and backend == "kernel":
+            raise RuntimeError(f"backend='kernel' cannot run the matcher: {why}")
+        return why is None
+
+
+def _peer_matcher_class():
+    from . import ultralytics as integ
+
+    return integ._peer_class(NAME) or getattr(matcher_modules()[0], NAME)
+
+
+def _note_first_call(what: str) -> None:
+    from . import ultralytics as integ
+
+    integ._verbose(what)
+    integ._announce(what)
+
+
+def _peer_bbox_iou():
+    return first_module(("ultralytics.utils.metrics", "ultralytics.yolo.utils.metrics")).bbox_iou
+
+
+# --- patch()'s check --------------------------------------------------------------------------------------------
+
+
+def _check_batches():
+    """Built-in matcher inputs: (pred_bboxes, pred_scores, gt_bboxes, gt_cls, gt_groups) with an image without
+    objects, duplicated objects (exact ties that only SciPy's tie rules settle), a float32 batch, a bfloat16 one (what
+    autocast gives the loss; it tells the releases that widen first), and one whose predictions hold a NaN (it tells
+    the releases that sanitise)."""
+    g = torch.Generator().manual_seed(0)
+    bs, nq, nc, groups = 3, 12, 6, [4, 0, 7]
+    total = sum(groups)
+    gt_boxes = torch.rand(total, 4, generator=g) * 0.5 + 0.2
+    gt_boxes[1] = gt_boxes[0]  # a duplicated object: its two columns tie
+    gt_boxes[5] = gt_boxes[6]
+    gt_cls = torch.randint(0, nc, (total,), generator=g)
+    gt_cls[1], gt_cls[5] = gt_cls[0], gt_cls[6]
+    pred_boxes = torch.rand(bs, nq, 4, generator=g) * 0.5 + 0.2
+    pred_boxes[0, 3] = pred_boxes[0, 2]  # duplicated queries: their rows tie
+    logits = torch.randn(bs, nq, nc, generator=g) * 3
+    yield pred_boxes, logits, gt_boxes, gt_cls, groups
+    yield pred_boxes.bfloat16(), logits.bfloat16(), gt_boxes, gt_cls, groups
+    nan_boxes = pred_boxes.clone()
+    nan_boxes[2, 5, 1] = float("nan")
+    yield nan_boxes, logits, gt_boxes, gt_cls, groups
+
+
+def _outcome(call):
+    try:
+        return [(i.tolist(), j.tolist()) for i, j in call()]
+    except ValueError:  # SciPy's refusal of NaN (in its words; ours name the image)
+        return "ValueError"
+
+
+class _CaptureCost(TorchFunctionMode):
+    """Keeps what the peer's matcher copies to the host (``Tensor.cpu``): its whole cost, before SciPy sees it. A
+    torch function mode is local to the thread that enters it: no other code sees it."""
+
+    def __init__(self):
+        super().__init__()
+        self.costs = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cpu:
+            self.costs.append(args[0].detach().clone())
+        return func(*args, **(kwargs or {}))
+
+
+def _image_blocks(cost: torch.Tensor, groups: list, layout: str) -> list:
+    """Each image's (queries, objects) block of a cost as ``layout`` holds it."""
+    starts = list(itertools.accumulate(groups, initial=0))
+    if layout == "flat":
+        return [cost[b, :, starts[b]:starts[b] + n] for b, n in enumerate(groups)]
+    return [cost[b, :, :n] for b, n in enumerate(groups)]
+
+
+def _same_costs(ours: torch.Tensor, theirs: torch.Tensor, groups: list, layout: str) -> bool:
+    if theirs.dtype != ours.dtype:
+        return False
+    return all(torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+               for a, b in zip(_image_blocks(ours, groups, "padded"), _image_blocks(theirs, groups, layout)))
+
+
+def check_matcher(peer_cls) -> tuple:
+    """(the variant whose costs, element by element, and matches equal those of the peer's ``peer_cls`` on every
+    built-in batch, or None; why not). Runs on the CPU, with the reference solver and the peer's own."""
+    if not peer_solver_is_scipy():
+        return None, ("without SciPy ultralytics matches with its own NumPy solver, which may break exact ties "
+                      "differently from SciPy; pip install scipy, and the patch reproduces ultralytics' SciPy matches")
+    settings = [dict(cost_gain={"class": 2, "bbox": 5, "giou": 2}),
+                dict(cost_gain={"class": 1, "bbox": 5, "giou": 2}, use_fl=False)]
+    bbox_iou = _peer_bbox_iou()
+    candidates = list(VARIANTS)
+    for kw in settings:
+        peer = peer_cls(**kw)
+        for batch in _check_batches():
+            groups = list(batch[4])
+            with _CaptureCost() as seen:
+                theirs = _outcome(lambda: peer(*batch))
+            if not seen.costs:
+                return None, "its matcher copies no cost to the host as the surveyed releases do"
+
+            def same(v):
+                cost = matching_cost(peer, v, bbox_iou, *batch[:4], groups)
+                if not _same_costs(cost, seen.costs[-1], groups, v.layout):
+                    return False
+                return _outcome(lambda: match(cost, groups, "reference", check=not v.sanitize)) == theirs
+
+            candidates = [v for v in candidates if same(v)]
+            if not candidates:
+                return None, "no variant of the cost gives its costs and matches on the built-in batches"
+    return candidates[0], None

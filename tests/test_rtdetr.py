@@ -1,0 +1,152 @@
+"""The peer's (ultralytics) RT-DETR matcher patched (lucid_assign.integrations.ultralytics): the same costs, the same
+matches (SciPy's), the same loss values, bit for bit, on each device; what patch() does without SciPy; patch and
+unpatch hygiene. The releases' variants of the matcher are checked in tests/test_peer_releases.py."""
+
+import pytest
+import torch
+
+from conftest import devices
+
+pytest.importorskip("scipy.optimize", reason="SciPy is the peer matcher's solver and the oracle")
+
+
+@pytest.fixture
+def integ(peer_tal, library):
+    from lucid_assign.integrations import ultralytics as integ
+
+    yield integ
+    integ.unpatch()
+
+
+def matcher_inputs(device, dtype=torch.float32, seed=0, groups=(10, 0, 50, 3, 1)):
+    """(pred_bboxes, pred_scores, gt_bboxes, gt_cls, gt_groups) as the peer's loss passes them: 300 queries, 80
+    classes, normalised xywh boxes, an image without objects and duplicated objects (exact ties)."""
+    g = torch.Generator().manual_seed(seed)
+    bs, nq, nc, total = len(groups), 300, 80, sum(groups)
+    gt = torch.cat((0.15 + 0.7 * torch.rand(total, 2, generator=g), 0.02 + 0.3 * torch.rand(total, 2, generator=g)), 1)
+    cls = torch.randint(0, nc, (total,), generator=g)
+    gt[1], cls[1] = gt[0], cls[0]
+    pred = torch.cat((torch.rand(bs, nq, 2, generator=g), 0.02 + 0.4 * torch.rand(bs, nq, 2, generator=g)), -1)
+    logits = torch.randn(bs, nq, nc, generator=g) * 2
+    return (pred.to(device, dtype), logits.to(device, dtype), gt.to(device), cls.to(device), list(groups))
+
+
+def same_matches(a, b) -> bool:
+    return len(a) == len(b) and all(torch.equal(i.cpu(), k.cpu()) and torch.equal(j.cpu(), m.cpu())
+                                    for (i, j), (k, m) in zip(a, b))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_patched_matcher_gives_the_peers_matches(integ, device, dtype):
+    from ultralytics.models.utils import loss, ops
+
+    peer_cls = ops.HungarianMatcher
+    integ.patch()
+    assert loss.HungarianMatcher is integ.LucidHungarianMatcher and ops.HungarianMatcher is integ.LucidHungarianMatcher
+    for kw in (dict(cost_gain={"class": 2, "bbox": 5, "giou": 2}), dict(use_fl=False)):
+        ours, theirs = loss.HungarianMatcher(**kw), peer_cls(**kw)
+        for seed in range(3):
+            inputs = matcher_inputs(device, dtype, seed)
+            got = ours(*inputs)
+            assert same_matches(got, theirs(*inputs))
+            assert got[0][0].device.type == device and got[0][0].dtype == torch.long
+
+
+def rtdetr_loss_inputs(device, seed=0, layers=6, groups=(10, 0, 50, 3)):
+    g = torch.Generator().manual_seed(seed)
+    pred, logits, gt, cls, groups = matcher_inputs("cpu", seed=seed, groups=groups)
+    bs, nq, nc = logits.shape
+    bboxes = torch.stack([pred + 0.01 * torch.randn(pred.shape, generator=g) for _ in range(layers)]).clamp(0, 1)
+    scores = torch.stack([logits + torch.randn(logits.shape, generator=g) for _ in range(layers)])
+    batch = {"cls": cls.to(device), "bboxes": gt.to(device), "gt_groups": groups}
+    return bboxes.to(device).requires_grad_(), scores.to(device).requires_grad_(), batch
+
+
+@pytest.mark.parametrize("device", devices())
+def test_rtdetr_loss_identical_patched_and_unpatched(integ, device):
+    """RTDETRDetectionLoss (the decoder's six layers: the last and the auxiliary ones) gives the same loss values and
+    gradients, bit for bit, with the matcher patched."""
+    from ultralytics.models.utils.loss import RTDETRDetectionLoss
+
+    def run():
+        criterion = RTDETRDetectionLoss(nc=80, use_vfl=True)
+        bboxes, scores, batch = rtdetr_loss_inputs(device)
+        losses = criterion((bboxes, scores), batch)
+        sum(losses.values()).backward()
+        return {k: v.detach() for k, v in losses.items()}, bboxes.grad, scores.grad
+
+    plain = run()
+    integ.patch()
+    patched = run()
+    assert plain[0].keys() == patched[0].keys()
+    assert all(torch.equal(plain[0][k], patched[0][k]) for k in plain[0]), (plain[0], patched[0])
+    assert torch.equal(plain[1], patched[1]) and torch.equal(plain[2], patched[2])
+
+
+def test_rtdetr_model_loss_identical_patched_and_unpatched(integ):
+    """The peer's RT-DETR model (rtdetr-l.yaml, no weights) at 160 px: its training loss, denoising included, the same
+    with the matcher patched."""
+    from ultralytics.nn.tasks import RTDETRDetectionModel
+
+    g = torch.Generator().manual_seed(1)
+    groups = [3, 0, 6]
+    idx = torch.cat([torch.full((n,), float(b)) for b, n in enumerate(groups)])
+    boxes = torch.cat((0.2 + 0.6 * torch.rand(len(idx), 2, generator=g), 0.05 + 0.3 * torch.rand(len(idx), 2,
+                                                                                                    generator=g)), 1)
+    batch = {"img": torch.rand(3, 3, 160, 160, generator=g), "batch_idx": idx, "bboxes": boxes,
+             "cls": torch.randint(0, 80, (len(idx), 1), generator=g).float()}
+
+    def run():
+        torch.manual_seed(0)
+        model = RTDETRDetectionModel("rtdetr-l.yaml", nc=80, verbose=False)
+        model.nc = 80  # the trainer attaches the dataset's class count
+        model.train()
+        torch.manual_seed(1)  # the denoising queries draw their noise
+        loss, items = model.loss(batch)
+        items = items if isinstance(items, dict) else dict(enumerate(items))
+        return loss.detach(), {k: v.detach() for k, v in items.items()}
+
+    plain = run()
+    integ.patch()
+    patched = run()
+    assert torch.equal(plain[0], patched[0]), (plain, patched)
+    assert plain[1].keys() == patched[1].keys() and all(torch.equal(plain[1][k], patched[1][k]) for k in plain[1])
+
+
+def test_without_scipy_the_matcher_is_left_to_the_peer(integ, monkeypatch):
+    """Without SciPy the peer matches with its own NumPy solver, whose ties may differ from SciPy's: patch() leaves
+    the matcher to the peer and says why (the assigners are patched as before)."""
+    from lucid_assign.integrations import ultralytics_detr
+    from ultralytics.models.utils import loss
+
+    original = loss.HungarianMatcher
+    monkeypatch.setattr(ultralytics_detr, "peer_solver_is_scipy", lambda: False)
+    monkeypatch.setattr(integ, "_said", set())
+    with pytest.warns(integ.FallbackWarning, match="HungarianMatcher is left to ultralytics .*NumPy solver"):
+        integ.patch()
+    assert loss.HungarianMatcher is original
+    assert any(line.startswith("HungarianMatcher: left to ultralytics") for line in integ.patch_report())
+    assert any(line.startswith("TaskAlignedAssigner: patched") for line in integ.patch_report())
+
+
+def test_unpatch_restores_the_matcher(integ):
+    from ultralytics.models.utils import loss, ops
+
+    before = loss.HungarianMatcher, ops.HungarianMatcher
+    integ.patch()
+    assert "HungarianMatcher: patched (padded cost, widened to float32, non-finite costs to 0)" in integ.patch_report()
+    integ.unpatch()
+    assert (loss.HungarianMatcher, ops.HungarianMatcher) == before
+    assert integ.LucidHungarianMatcher.variant is None
+
+
+def test_matcher_falls_back_to_the_peer_for_mask_costs(integ):
+    """A call with the mask inputs of early releases is the peer's own matcher's (the peer raises or computes it)."""
+    from ultralytics.models.utils import loss
+
+    integ.patch()
+    ours = loss.HungarianMatcher()
+    inputs = matcher_inputs("cpu")
+    with pytest.raises(TypeError):  # this release's matcher takes no masks: the peer's own error
+        ours(*inputs, masks=torch.zeros(1))
