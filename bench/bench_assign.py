@@ -7,7 +7,8 @@
 Cases: HBB at 640 px (8,400 anchors, 80 classes) and OBB at 1024 px (21,504 anchors, 15 classes); batch 1 and 16;
 10, 50, 200, 1,000 and 2,000 objects per image; and for ``assign`` the pose assignment (HBB at 640 px, 17 keypoints;
 20 and 100 people per image) and the segmentation assignment (HBB at 640 px, masks at 160 x 160; 20 and 100 objects
-per image). Backends: the reference, the compiled kernel, and for ``assign`` the
+per image); and the linear sum assignment (Hungarian matching) of RT-DETR-sized costs against SciPy's path and
+torch-linear-assignment. Backends: the reference, the compiled kernel, and for ``assign`` the
 peer (ultralytics) when installed. On CUDA each timed call synchronises; calls rotate over three copies of the
 inputs so caches do not flatter; the peak memory of one call is in ``extra_info``. Dense backends are skipped (with
 the reason) where their (B, M, A) tensors would not fit: see lucid_assign.bench.DENSE_CPU_LIMIT.
@@ -76,3 +77,23 @@ def test_pass(benchmark, kind, batch, objects, device, what, backend):
         pytest.skip(why)
     fns = [B.pass_runner(what, backend, b) for b in copies]
     _run(benchmark, fns, device, f"{what} {kind} b{batch} m{objects} {device}")
+
+
+LSAP_SHAPES = [(16, 300, 10), (16, 300, 50), (16, 300, 200), (208, 300, 100)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", ("kernel", "scipy", "tla"))
+@pytest.mark.parametrize("shape", LSAP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_linear_sum_assignment(benchmark, shape, backend, device):
+    """The linear sum assignment of uniform random float32 costs (RT-DETR's 300 queries against its objects): the
+    compiled op, the peer matcher's path (to the host, SciPy per problem) and torch-linear-assignment."""
+    runner = B.lsap_runner(backend)
+    why = B.kernel_unavailable(device) if backend == "kernel" else None
+    why = why or (runner if isinstance(runner, str) else None)
+    if why:
+        pytest.skip(why)
+    g = torch.Generator().manual_seed(0)
+    copies = [torch.rand(shape, generator=g).to(device) for _ in range(3)]
+    fns = [lambda c=c: runner(c) for c in copies]
+    _run(benchmark, fns, device, f"linear_sum_assignment {'x'.join(map(str, shape))} {device}")

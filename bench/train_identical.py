@@ -1,11 +1,12 @@
 """Training with and without lucid-assign is the same training: N steps of the peer trainer's yolo26n-obb (or
-yolo26n-pose with --task pose, yolo26n-seg with --task seg), run three times from one seed (unpatched twice, then patched), with the peer's
+yolo26n-pose with --task pose, yolo26n-seg with --task seg, rtdetr-l with --task rtdetr), run three times from one seed (unpatched twice, then patched), with the peer's
 deterministic settings (``ultralytics.utils.torch_utils.init_seeds(0, deterministic=True)``, as its trainer sets them
 by default).
 
     python bench/train_identical.py                        # GPU: 50 steps, batch 16 at 1024 px, bf16 autocast
     python bench/train_identical.py --task pose            # yolo26n-pose: batch 16 at 640 px, 20 people per image
     python bench/train_identical.py --task seg             # yolo26n-seg: batch 16 at 640 px, 20 objects per image
+    python bench/train_identical.py --task rtdetr          # rtdetr-l: batch 16 at 640 px, 20 objects per image
     python bench/train_identical.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3   # smoke test
 
 It prints, for the second unpatched run and for the patched run, how many of the loss values (every loss item of
@@ -65,7 +66,7 @@ def train(args, batches, patched: bool) -> dict:
         warnings.simplefilter("always")
         model, opt = ts.build(args.device, args.task, args.model)
         losses = [flat(*ts.step(model, opt, batches[i % len(batches)], args.device)) for i in range(args.steps)]
-        kinds = sorted({type(p.assigner).__name__ for p in _parts(model)})
+        kinds = sorted({type(getattr(p, "matcher", None) or p.assigner).__name__ for p in _parts(model)})
     notes = sorted({str(w.message).splitlines()[0][:160] for w in caught})
     return dict(losses=losses, model=flat_state(model.state_dict()), opt=flat_state(opt.state_dict()), kinds=kinds,
                 warnings=notes)
@@ -87,21 +88,22 @@ def compare(base: dict, other: dict) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--task", choices=("obb", "pose", "seg"), default="obb")
-    p.add_argument("--imgsz", type=int, default=None, help="default 1024 (obb), 640 (pose, seg)")
+    p.add_argument("--task", choices=("obb", "pose", "seg", "rtdetr"), default="obb")
+    p.add_argument("--imgsz", type=int, default=None, help="default 1024 (obb), 640 (pose, seg, rtdetr)")
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--objects", type=int, default=None, help="default 60 (obb), 20 (pose, seg)")
+    p.add_argument("--objects", type=int, default=None, help="default 60 (obb), 20 (pose, seg, rtdetr)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--backend", default="auto", help="backend of the patched run (auto, kernel, reference)")
     p.add_argument("--batches", type=int, default=5, help="distinct synthetic batches, used in turn")
     p.add_argument("--model", default=None, help="the model's YAML (default yolo26n-TASK.yaml; releases before 8.4: "
                    "e.g. yolov8n-obb.yaml)")
     args = p.parse_args(argv)
-    args.imgsz = args.imgsz or (640 if args.task in ("pose", "seg") else 1024)
-    args.objects = args.objects or (20 if args.task in ("pose", "seg") else 60)
+    args.imgsz = args.imgsz or (640 if args.task in ("pose", "seg", "rtdetr") else 1024)
+    args.objects = args.objects or (20 if args.task in ("pose", "seg", "rtdetr") else 60)
     import ultralytics
 
-    print(f"{args.model or 'yolo26n-' + args.task} (ultralytics {ultralytics.__version__}), {args.steps} steps, batch {args.batch} at {args.imgsz} px, {args.objects} "
+    default_model = "rtdetr-l" if args.task == "rtdetr" else "yolo26n-" + args.task
+    print(f"{args.model or default_model} (ultralytics {ultralytics.__version__}), {args.steps} steps, batch {args.batch} at {args.imgsz} px, {args.objects} "
           f"objects/image, "
           f"bf16 autocast, {args.device}, torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")

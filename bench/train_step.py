@@ -1,9 +1,11 @@
-"""Training-step benchmark of the peer trainer's yolo26n-obb, -pose or -seg with and without lucid-assign, in one run.
+"""Training-step benchmark of the peer trainer's yolo26n-obb, -pose or -seg, or rtdetr-l, with and without lucid-assign,
+in one run.
 
     python bench/train_step.py                # GPU: OBB, batch 16 at 1024 px, bf16 autocast, 60 and 300 objects
     python bench/train_step.py --dense        # a dense scene: 2,000 and 5,000 small objects (4-60 px) per image
     python bench/train_step.py --task pose    # yolo26n-pose, batch 16 at 640 px, 17 keypoints, 20 and 100 people
     python bench/train_step.py --task seg     # yolo26n-seg, batch 16 at 640 px, 80 classes, 20 and 100 objects
+    python bench/train_step.py --task rtdetr  # rtdetr-l, batch 16 at 640 px, 80 classes, 10, 50 and 200 objects
     python bench/train_step.py --task seg --profile --trace seg   # also the calls' host time, and timelines
     python bench/train_step.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 3 --warmup 1   # smoke test
 
@@ -11,8 +13,9 @@ The model is built from its YAML (no weights). Each step is a forward pass under
 end-to-end loss: two assignments per step), backward and an SGD step, on synthetic labels: DOTA-like for OBB
 (15 classes), people with COCO's 17 keypoints for pose (synthetic.pose_batch, one class), objects with masks for
 segmentation (synthetic.seg_batch, 80 classes, masks at a quarter of the image size as the peer's loader makes them,
-overlapping objects drawn largest first). It reports the median step
-time, the peak GPU memory of a step, and the assigner's share measured in separate instrumented passes, two ways:
+overlapping objects drawn largest first), DOTA-like axis-aligned objects for RT-DETR (80 classes; its loss runs the
+forward and matches queries to objects seven times a step: "assigner" below is then its matcher). It reports the median
+step time, the peak GPU memory of a step, and the assigner's share measured in separate instrumented passes, two ways:
 
 - synchronised: the wall time of each assigner call between two device synchronisations (its host work and its GPU
   work, neither overlapped with anything; an upper bound of its cost in the step);
@@ -79,6 +82,15 @@ def labels_batch(batch: int, imgsz: int, objects: int, seed: int, device, dense:
         g = torch.Generator().manual_seed(seed)
         return {"img": torch.rand(batch, 3, imgsz, imgsz, generator=g).to(device), "batch_idx": idx.to(device),
                 "cls": s["gt_labels"][mask].to(device), "bboxes": boxes.to(device), "keypoints": kpts.to(device)}
+    if task == "rtdetr":  # axis-aligned objects, 80 classes, boxes as normalised xywh
+        s = dota_like_batch(batch=batch, img_size=imgsz, num_classes=80, objects=objects, obb=False, seed=seed)
+        mask = s["mask_gt"][..., 0].bool()
+        idx = torch.arange(batch)[:, None].expand_as(mask)[mask].float()
+        x1y1, x2y2 = s["gt_bboxes"][mask].split(2, -1)
+        boxes = (torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), -1) / imgsz).clamp(0, 1)
+        g = torch.Generator().manual_seed(seed)
+        return {"img": torch.rand(batch, 3, imgsz, imgsz, generator=g).to(device), "batch_idx": idx.to(device),
+                "cls": s["gt_labels"][mask].to(device), "bboxes": boxes.to(device)}
     s = dota_like_batch(batch=batch, img_size=imgsz, num_classes=15, objects=objects, obb=True, seed=seed,
                         dense_sizes=(4.0, 60.0) if dense else None)
     mask = s["mask_gt"][..., 0].bool()
@@ -100,12 +112,15 @@ def build(device, task: str = "obb", cfg: str | None = None):
     """The peer's model for ``task`` from its YAML (``cfg``; default yolo26n-TASK.yaml, which releases before 8.4 do
     not have: pass e.g. yolov8n-obb.yaml there), with an SGD optimiser."""
     from ultralytics.cfg import get_cfg
-    from ultralytics.nn.tasks import OBBModel, PoseModel, SegmentationModel
+    from ultralytics.nn.tasks import OBBModel, PoseModel, RTDETRDetectionModel, SegmentationModel
     from ultralytics.utils import DEFAULT_CFG
 
     torch.manual_seed(0)
-    cfg = cfg or f"yolo26n-{task}.yaml"
-    if task == "pose":
+    cfg = cfg or ("rtdetr-l.yaml" if task == "rtdetr" else f"yolo26n-{task}.yaml")
+    if task == "rtdetr":
+        model = RTDETRDetectionModel(cfg, nc=80, verbose=False).to(device)
+        model.nc = 80  # the trainer attaches the dataset's class count
+    elif task == "pose":
         model = PoseModel(cfg, nc=1, data_kpt_shape=(17, 3), verbose=False).to(device)
     elif task == "seg":
         model = SegmentationModel(cfg, nc=80, verbose=False).to(device)
@@ -120,8 +135,10 @@ def step(model, opt, batch, device):
     """One training step as the peer's trainer runs it: forward and loss under bf16 autocast, backward, SGD step.
     Returns the loss and its items as the loss returns them (flattened by the caller that wants them)."""
     with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-        preds = model(batch["img"])
-        loss, items = model.loss(batch, preds)
+        if type(model).__name__ == "RTDETRDetectionModel":  # its loss runs the forward (denoising needs the labels)
+            loss, items = model.loss(batch)
+        else:
+            loss, items = model.loss(batch, model(batch["img"]))
     opt.zero_grad(set_to_none=True)
     loss.sum().backward()
     opt.step()
@@ -151,14 +168,15 @@ def measure(args, objects: int) -> list:
         model, opt = r.pop("model"), r.pop("opt")
         crit = model.criterion
         parts = [crit.one2many, crit.one2one] if hasattr(crit, "one2one") else [crit]
-        originals = [p.assigner for p in parts]
+        attr = "matcher" if hasattr(crit, "matcher") else "assigner"  # RT-DETR's loss matches queries to objects
+        originals = [getattr(p, attr) for p in parts]
         record = args.dump and r["patched"]
         calls = []
         inside = {}
         for mode in ("synchronised", "stream"):
             timers = [_Timed(a, device, mode, calls if record and mode == "synchronised" else None) for a in originals]
             for p, t in zip(parts, timers):
-                p.assigner = t
+                _swap(p, attr, t)
             per_step, host = [], []
             for i in range(min(args.steps, 5)):
                 step(model, opt, batches[i % 3], device)
@@ -175,7 +193,7 @@ def measure(args, objects: int) -> list:
             trace = args.trace and f"{args.trace}-m{objects}-{'patched' if r['patched'] else 'peer'}.json"
             profile_assigners(model, opt, batches, device, trace)
         for p, a in zip(parts, originals):
-            p.assigner = a
+            _swap(p, attr, a)
         if record:  # the assigners' real inputs of one step, for bench/profile_cuda.py --inputs
             path = f"{args.dump}-m{objects}.pt"
             torch.save(calls, path)
@@ -193,6 +211,14 @@ def measure(args, objects: int) -> list:
                  host_s=inside["stream host"] if torch.device(device).type == "cuda" else None,
                  assigners=sorted({type(a).__name__ for a in originals}))
     return runs
+
+
+def _swap(owner, attr: str, obj) -> None:
+    """owner.attr = obj, also where attr is a submodule (RT-DETR's matcher) and obj a plain wrapper."""
+    if attr in getattr(owner, "_modules", {}):
+        owner._modules[attr] = obj
+    else:
+        setattr(owner, attr, obj)
 
 
 def profile_assigners(model, opt, batches, device, trace=None):
@@ -236,7 +262,8 @@ class _Timed:
 
     def __call__(self, *args, **kwargs):
         if self.calls is not None:
-            settings = {k: getattr(self.inner, k) for k in ("topk", "topk2", "num_classes", "alpha", "beta", "eps", "stride")}
+            settings = {k: getattr(self.inner, k) for k in ("topk", "topk2", "num_classes", "alpha", "beta", "eps", "stride")
+                        if hasattr(self.inner, k)}
             self.calls.append(dict(args=[a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args],
                                    kwargs=kwargs, settings=settings,
                                    autocast=torch.is_autocast_enabled(torch.device(self.device).type)))
@@ -276,7 +303,7 @@ class _Timed:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--task", choices=("obb", "pose", "seg"), default="obb")
+    p.add_argument("--task", choices=("obb", "pose", "seg", "rtdetr"), default="obb")
     p.add_argument("--imgsz", type=int, default=None, help="default 1024 (obb), 640 (pose, seg)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--objects", type=int, nargs="+", default=None, help="objects per image (default 60 300; with "
@@ -293,9 +320,10 @@ def main(argv=None):
         p.error("--dense is an OBB scene")
     if args.trace and not args.profile:
         p.error("--trace needs --profile")
-    args.objects = args.objects or ([2000, 5000] if args.dense else [20, 100] if args.task in ("pose", "seg") else [60, 300])
-    args.imgsz = args.imgsz or (640 if args.task in ("pose", "seg") else 1024)
-    print(f"yolo26n-{args.task}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
+    args.objects = args.objects or ([2000, 5000] if args.dense else [20, 100] if args.task in ("pose", "seg") else
+                                    [10, 50, 200] if args.task == "rtdetr" else [60, 300])
+    args.imgsz = args.imgsz or (640 if args.task in ("pose", "seg", "rtdetr") else 1024)
+    print(f"{'rtdetr-l' if args.task == 'rtdetr' else 'yolo26n-' + args.task}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}"
           f"{', dense scene (objects of 4-60 px)' if args.dense else ''}")
     print(f"{'objects':>7} {'assigner':<34} {'step ms':>9} {'synchronised ms':>16} {'share':>6} {'stream ms':>10} "

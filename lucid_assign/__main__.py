@@ -22,6 +22,7 @@ from .bench import PRESETS as BENCH_PRESETS
 from .reference import INPUTS
 from .synthetic import dota_like_batch
 
+BENCH_DEFAULT_BACKENDS = "reference,kernel,peer"  # --kind lsap: kernel, scipy and tla
 
 
 def _device(text: str) -> str:
@@ -161,6 +162,8 @@ def bench(args) -> int:
     from . import bench as B
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.kind == "lsap":
+        return bench_lsap(args, device)
     preset = B.PRESETS.get(args.preset, {})
     if preset:  # a dense scene: its kind, batch, classes and range of objects, unless given
         args.kind = preset["kind"]
@@ -201,12 +204,46 @@ def bench(args) -> int:
     return 0
 
 
+def bench_lsap(args, device) -> int:
+    """lucid-assign bench --kind lsap: the linear sum assignment against SciPy's path and torch-linear-assignment."""
+    from . import bench as B
+
+    shapes = args.shapes or list(B.LSAP_SHAPES)
+    given = args.backends if args.backends != _backends(BENCH_DEFAULT_BACKENDS) else ["kernel", "peer"]
+    backends = [b for b in given if b != "peer"] + (["scipy", "tla"] if "peer" in given else [])
+    reps = args.reps or (20 if device == "cuda" else 5)
+    env = B.environment()
+    print(f"lucid-assign bench: linear sum assignment of uniform random float32 costs, shapes "
+          f"{', '.join('x'.join(map(str, s)) for s in shapes)}, device {device}")
+    print(f"torch {env['torch']} (CUDA {env['cuda']}), GPU {env['gpu']}, CPU threads {env['cpu_threads']}, "
+          f"commit {env['commit']}, {env['date']}")
+    results = B.lsap_run(shapes, device, list(dict.fromkeys(backends)), reps, seed=args.seed,
+                         progress=not args.no_progress)
+    print()
+    print(B.lsap_table(results))
+    B.write_json(args.out, vars(args) | dict(device=device, reps=reps), results)
+    print(f"\nresults and environment written to {args.out}")
+    return 0
+
+
+def _shape(text: str) -> tuple:
+    """--shapes: BxRxC, e.g. 16x300x50."""
+    try:
+        shape = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a shape is BxRxC with three positive numbers, e.g. 16x300x50")
+    return shape
+
+
 def _backends(text: str) -> list:
     """--backends: a comma-separated list of reference, kernel and peer."""
     backends = [b.strip() for b in text.split(",") if b.strip()]
-    unknown = sorted(set(backends) - {"reference", "kernel", "peer"})
+    unknown = sorted(set(backends) - {"reference", "kernel", "peer", "scipy", "tla"})
     if unknown or not backends:
-        raise argparse.ArgumentTypeError(f"{text!r}: unknown {unknown}; choose from reference, kernel, peer"
+        raise argparse.ArgumentTypeError(f"{text!r}: unknown {unknown}; choose from reference, kernel, peer (and for "
+                                         "--kind lsap scipy, tla)"
                                          if unknown else "name at least one of reference, kernel, peer")
     return backends
 
@@ -240,10 +277,15 @@ def build_parser():
                         help="show lucid-assign's version, torch's, the compiled library's state and the peer's")
     sub = parser.add_subparsers(dest="command", required=True)
     bp = sub.add_parser("bench", help="time the assigners side by side on a built-in DOTA-like batch")
-    bp.add_argument("--kind", choices=("obb", "hbb", "pose", "seg"), default="obb",
+    bp.add_argument("--kind", choices=("obb", "hbb", "pose", "seg", "lsap"), default="obb",
                     help="obb: 1024 px, 21,504 anchors, 15 classes; hbb: 640 px, 8,400 anchors, 80 classes; pose: "
                     "hbb with 17 keypoints per object (people), the pose assigner; seg: hbb with masks (32 prototypes "
-                    "at 160 x 160), the segmentation assigner")
+                    "at 160 x 160), the segmentation assigner; lsap: the linear sum assignment (Hungarian matching) "
+                    "of random costs, --shapes, against SciPy's path (scipy) and torch-linear-assignment (tla; "
+                    "'peer' stands for both)")
+    bp.add_argument("--shapes", type=_shape, nargs="+", default=None, metavar="BxRxC",
+                    help="--kind lsap: cost shapes, batch x rows x columns (default 16x300x10 16x300x50 16x300x200, "
+                    "RT-DETR's 300 queries against 10, 50 and 200 objects per image)")
     bp.add_argument("--batch", type=_positive, default=None,
                     help="images per batch (default 16 on a GPU, 4 on the CPU)")
     bp.add_argument("--objects", type=_count, nargs="+", default=None,
@@ -255,7 +297,7 @@ def build_parser():
     bp.add_argument("--classes", type=_positive, default=None,
                     help="number of classes (default 15 for obb, 80 for hbb, pose and seg)")
     bp.add_argument("--device", type=_device, default="auto", help="cpu, cuda, cuda:N or auto (a GPU if torch sees one)")
-    bp.add_argument("--backends", type=_backends, default="reference,kernel,peer",
+    bp.add_argument("--backends", type=_backends, default=BENCH_DEFAULT_BACKENDS,
                     help="comma-separated: reference, kernel, peer (the peer needs ultralytics)")
     bp.add_argument("--reps", type=_positive, default=None,
                     help="timed calls per case, after warm-up calls (default 20 on a GPU, 5 on the CPU)")

@@ -323,6 +323,83 @@ def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: 
     return results
 
 
+# ---- the linear sum assignment ----------------------------------------------------------------------------------
+# Backends: the compiled op ("kernel"), the peer matcher's path ("scipy": the cost copied to the host, then SciPy once
+# per problem) and torch-linear-assignment ("tla", package torch-hungarian: a Triton kernel of SciPy's algorithm),
+# each where installed; the costs are uniform random float32, one seeded batch per copy.
+LSAP_SHAPES = ((16, 300, 10), (16, 300, 50), (16, 300, 200))
+LSAP_BACKENDS = ("kernel", "scipy", "tla")
+
+
+def lsap_runner(backend: str):
+    """A function of one cost batch for ``backend``, or why it cannot run (a string)."""
+    if backend == "kernel":
+        return lambda cost: ops.linear_sum_assignment(cost)
+    if backend == "reference":
+        from . import lsap
+
+        return lambda cost: lsap.linear_sum_assignment(cost)
+    if backend == "scipy":
+        try:
+            from scipy.optimize import linear_sum_assignment
+        except ImportError:
+            return "SciPy is not installed"
+
+        def run_scipy(cost):
+            host = cost.cpu()  # the peer's matcher: the whole cost to the host, then one call per problem
+            return [linear_sum_assignment(c) for c in host]
+
+        return run_scipy
+    if backend == "tla":
+        try:
+            from torch_linear_assignment import batch_linear_assignment
+        except ImportError:
+            return "torch-linear-assignment (pip install torch-hungarian) is not installed"
+        return batch_linear_assignment
+    return f"unknown backend {backend!r}"
+
+
+def lsap_run(shapes, device, backends, reps: int, seed: int = 0, progress: bool = True) -> list:
+    """Time each backend on each (batch, rows, columns) shape; rows like run()'s."""
+    results = []
+    bar = Progress(len(shapes) * len(backends)) if progress else None
+    for shape in shapes:
+        g = torch.Generator().manual_seed(seed)
+        copies = [torch.rand(shape, generator=g).to(device) for _ in range(3)]
+        for backend in backends:
+            row = dict(kind="lsap", shape="x".join(map(str, shape)), batch=shape[0], objects=shape[2],
+                       device=str(device), backend=backend)
+            runner = lsap_runner(backend)
+            why = kernel_unavailable(device) if backend == "kernel" else None
+            why = why or (runner if isinstance(runner, str) else None)
+            if why is not None:
+                row["skipped"] = why
+            else:
+                fns = [functools.partial(runner, c) for c in copies]
+                times = time_calls(fns, device, reps)
+                row.update(median_s=statistics.median(times), min_s=min(times), max_s=max(times), reps=reps)
+            results.append(row)
+            if bar:
+                bar.step(f"lsap {row['shape']} {backend}")
+    return results
+
+
+def lsap_table(results) -> str:
+    """Backends side by side per shape, with the kernel's speed-up over each."""
+    lines = [f"{'shape':>14} {'backend':<8} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'kernel faster':>14}"]
+    for shape in dict.fromkeys(r["shape"] for r in results):
+        rows = [r for r in results if r["shape"] == shape]
+        ours = next((r["median_s"] for r in rows if r["backend"] == "kernel" and "median_s" in r), None)
+        for r in rows:
+            if "median_s" not in r:
+                lines.append(f"{shape:>14} {r['backend']:<8} skipped: {r['skipped']}")
+                continue
+            speedup = f"{r['median_s'] / ours:.1f}x" if ours and r["backend"] != "kernel" else ""
+            lines.append(f"{shape:>14} {r['backend']:<8} {r['median_s'] * 1e3:10.3f} {r['min_s'] * 1e3:9.3f} "
+                         f"{r['max_s'] * 1e3:9.3f} {speedup:>14}")
+    return "\n".join(lines)
+
+
 def table(results) -> str:
     """Backends side by side per object count, with speed-ups against the reference and the peer."""
     lines = [f"{'objects':>7} {'backend':<10} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'peak MiB':>9} "
