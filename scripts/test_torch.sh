@@ -8,9 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION="${1:?usage: scripts/test_torch.sh TORCH_VERSION [pytest arguments]}"
 shift
-# ops, dispatch, parity with the reference and with the peer on the CPU, one patched training step per task kind
+# ops, dispatch, parity with the reference and with the peer on the CPU, one patched training step per task kind, the
+# linear sum assignment against SciPy and the patched RT-DETR loss
 CORE=(tests/test_assign_ops.py tests/test_points_in_boxes.py tests/test_dispatch.py tests/test_reference_vs_peer.py
-      tests/test_assign_random.py tests/test_integration_ultralytics.py -k "not identical_with_and_without")
+      tests/test_assign_random.py tests/test_integration_ultralytics.py tests/test_lsap.py tests/test_rtdetr.py
+      -k "not identical_with_and_without")
 [ $# -gt 0 ] || set -- "${CORE[@]}"
 # torchvision 0.(minor + 15) goes with torch 2.minor (the peer imports it)
 MINOR=$(echo "$VERSION" | cut -d. -f2)
@@ -34,5 +36,5 @@ else
   export LUCID_REQUIRE_PEER=0
 fi
 cd "$DIR/src"
-LUCID_VENV="$OLDPWD/$DIR/venv" LUCID_TORCH="$TORCH_REQS" source scripts/_setup.sh pytest hypothesis "${PEER[@]}"
+LUCID_VENV="$OLDPWD/$DIR/venv" LUCID_TORCH="$TORCH_REQS" source scripts/_setup.sh pytest hypothesis scipy "${PEER[@]}"
 python -m pytest -q -rs "$@"

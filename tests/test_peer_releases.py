@@ -36,6 +36,13 @@ RELEASES = {
                 "PoseTaskAlignedAssigner": "8.4.180"},
 }
 
+# One release of each group of the RT-DETR matcher (docs/releases.md) and the cost variant patch() finds for it.
+MATCHER_RELEASES = {
+    "8.3.228": "flat cost, non-finite costs to 0",
+    "8.4.150": "padded cost, non-finite costs to 0",
+    "8.4.180": "padded cost, widened to float32, non-finite costs to 0",
+}
+
 
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory):
@@ -43,7 +50,7 @@ def releases(tmp_path_factory):
     registry."""
     folder = os.environ.get("LUCID_PEER_RELEASES") or str(tmp_path_factory.mktemp("peer-releases"))
     paths = {}
-    for version in RELEASES:
+    for version in {**RELEASES, **MATCHER_RELEASES}:
         target = os.path.join(folder, version)
         if not os.path.isdir(os.path.join(target, "ultralytics")):
             done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
@@ -101,6 +108,45 @@ def test_patch_takes_the_releases_constructor_and_unpatch_restores_it(library, r
                             RELEASES[version]["RotatedTaskAlignedAssigner"]]
     assert got["eps"] == 1e-7
     assert all(line.endswith(")") and "patched" in line for line in got["report"]), got["report"]
+
+
+MATCHER = """
+import json, warnings
+warnings.simplefilter("ignore")
+import torch
+from lucid_assign.integrations import ultralytics as integ
+from ultralytics.models.utils.loss import RTDETRDetectionLoss
+
+def losses():
+    g = torch.Generator().manual_seed(0)
+    groups, nq, nc = [7, 0, 30, 2], 300, 80
+    total = sum(groups)
+    gt = torch.cat((0.15 + 0.7 * torch.rand(total, 2, generator=g), 0.02 + 0.3 * torch.rand(total, 2, generator=g)), 1)
+    gt[1] = gt[0]
+    cls = torch.randint(0, nc, (total,), generator=g)
+    cls[1] = cls[0]
+    boxes = torch.rand(6, len(groups), nq, 4, generator=g).clamp(0.02, 0.98).requires_grad_()
+    scores = (torch.randn(6, len(groups), nq, nc, generator=g) * 2).requires_grad_()
+    out = RTDETRDetectionLoss(nc=nc, use_vfl=True)((boxes, scores), {"cls": cls, "bboxes": gt, "gt_groups": groups})
+    sum(out.values()).backward()
+    return [v.item() for v in out.values()] + boxes.grad.flatten().tolist()[:4000] + scores.grad.flatten().tolist()[:4000]
+
+plain = losses()
+integ.patch()
+patched = losses()
+from ultralytics.models.utils import loss
+print(json.dumps(dict(report=[r for r in integ.patch_report() if r.startswith("HungarianMatcher")],
+                      matcher=loss.HungarianMatcher.__name__, same=plain == patched)))
+"""
+
+
+@pytest.mark.parametrize("version", list(MATCHER_RELEASES))
+def test_each_matcher_group_is_patched_with_its_variant_and_gives_the_same_loss(library, releases, version):
+    """The RT-DETR matcher of each group of releases: patch() finds its cost variant, and the release's loss and
+    gradients are the same, patched and unpatched."""
+    got = json.loads(_run(releases[version], MATCHER).splitlines()[-1])
+    assert got["report"] == [f"HungarianMatcher: patched ({MATCHER_RELEASES[version]})"]
+    assert got["matcher"] == "LucidHungarianMatcher" and got["same"]
 
 
 TRAIN = """

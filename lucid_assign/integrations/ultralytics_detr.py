@@ -73,6 +73,16 @@ def _focal_class_cost(p: torch.Tensor, alpha: float, gamma: float) -> torch.Tens
     return pos - neg
 
 
+def _pad(flat: torch.Tensor, groups: list) -> torch.Tensor:
+    """The peer's ``pad_sequence(flat.split(groups), batch_first=True)`` (zeros after each image's rows) in one
+    scatter instead of a copy per image: the same tensor."""
+    out = flat.new_zeros((len(groups), max(groups), *flat.shape[1:]))
+    image = torch.repeat_interleave(torch.arange(len(groups)), torch.tensor(groups))
+    slot = torch.cat([torch.arange(n) for n in groups])
+    index = torch.stack((image, slot)).to(flat.device, non_blocking=True)
+    return out.index_put_((index[0], index[1]), flat)
+
+
 def matching_cost(m, variant: Variant, bbox_iou, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups):
     """The peer's cost of matcher ``m`` (its cost_gain, use_fl, alpha, gamma) under ``variant``, with the peer's own
     ``bbox_iou``: (bs, nq, max(groups)), each image's objects in its first columns."""
@@ -81,8 +91,7 @@ def matching_cost(m, variant: Variant, bbox_iou, pred_bboxes, pred_scores, gt_bb
     if variant.widen:
         scores, boxes = scores.float(), boxes.float()
     if variant.layout == "padded":
-        gt_boxes = torch.nn.utils.rnn.pad_sequence(gt_bboxes.split(groups), batch_first=True)
-        gt_labels = torch.nn.utils.rnn.pad_sequence(gt_cls.split(groups), batch_first=True)
+        gt_boxes, gt_labels = _pad(gt_bboxes, groups), _pad(gt_cls, groups)
         probs = scores.sigmoid() if m.use_fl else F.softmax(scores, dim=-1)
         probs = probs.gather(2, gt_labels[:, None].expand(-1, nq, -1))
         pd, gt = boxes.unsqueeze(2), gt_boxes.unsqueeze(1)
@@ -96,8 +105,8 @@ def matching_cost(m, variant: Variant, bbox_iou, pred_bboxes, pred_scores, gt_bb
     cost_giou = 1.0 - bbox_iou(pd, gt, xywh=True, GIoU=True).squeeze(-1)
     gain = m.cost_gain
     cost = gain["class"] * cost_class + gain["bbox"] * cost_bbox + gain["giou"] * cost_giou
-    if variant.sanitize:
-        cost[cost.isnan() | cost.isinf()] = 0.0
+    if variant.sanitize:  # the peer's masked assignment, as a fill that does not wait for the device (same values)
+        cost = cost.masked_fill(cost.isnan() | cost.isinf(), 0.0)
     if variant.layout == "padded":
         return cost
     # each image's block of the batch-wide cost, its objects in the first columns (exact: a gather)
@@ -148,7 +157,7 @@ class LucidHungarianMatcher(torch.nn.Module):
         if variant is None or uses_masks or not self._runs_here(pred_scores, backend):
             extra = {} if masks is None and gt_mask is None else dict(masks=masks, gt_mask=gt_mask)
             return self._peer_matcher(pred_bboxes, pred_scores, gt_bboxes, gt_cls, gt_groups, **extra)
-        if self.__dict__.pop("_first_call", True):
+        if self.__dict__.get("_first_call", True):
             self.__dict__["_first_call"] = False
             _note_first_call(f"{NAME} ran lucid-assign's {'kernel' if backend == 'auto' else backend} on "
                              f"{pred_scores.device}")
