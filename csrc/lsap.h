@@ -36,9 +36,12 @@ LUCID_HD double path_cost(double min_val, double cost, double u_i, double v_j) {
 }
 
 // SciPy's scan over the columns not yet on the tree, in the order of its `remaining` list: a column is taken when
-// its shortest-path cost is below the lowest so far, or equal to it and the column is free (unmatched). The CPU
-// solver scans in that order with this rule.
-LUCID_HD bool scan_takes(double cost, bool free, double lowest) { return cost < lowest || (cost == lowest && free); }
+// its shortest-path cost is below the lowest so far, or equal to it and the column is free (unmatched; `is_free()`
+// is asked only then, as SciPy reads the match only then). The CPU solver scans in that order with this rule.
+template <typename IsFree>
+LUCID_HD bool scan_takes(double cost, double lowest, IsFree is_free) {
+  return cost < lowest || (cost == lowest && is_free());
+}
 
 // The same choice as an order, for a parallel reduction (the CUDA solver): the column the scan ends on is the least
 // of all columns by (cost, scan_key). Costs compare as numbers (-0 and +0 tie); at equal cost a free column comes

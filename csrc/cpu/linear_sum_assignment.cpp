@@ -71,8 +71,9 @@ class Solver {
           path_[j] = i;
           spc_[j] = r;
         }
-        if (lsap::scan_takes(spc_[j], row4col_[j] == -1, lowest)) {
-          lowest = spc_[j];
+        const double d = spc_[j];
+        if (lsap::scan_takes(d, lowest, [&] { return row4col_[j] == -1; })) {
+          lowest = d;
           index = it;
         }
       }

@@ -73,25 +73,50 @@ def _focal_class_cost(p: torch.Tensor, alpha: float, gamma: float) -> torch.Tens
     return pos - neg
 
 
-def _pad(flat: torch.Tensor, groups: list) -> torch.Tensor:
-    """The peer's ``pad_sequence(flat.split(groups), batch_first=True)`` (zeros after each image's rows) in one
+class Layout(NamedTuple):
+    """Where each object and each match of one call goes, computed on the host from the objects per image and copied
+    to the device in one transfer: the padded position (image, slot) of each object, and for each match of SciPy's
+    form its place in the op's (images, K) outputs and its image's first object."""
+
+    image: torch.Tensor
+    slot: torch.Tensor
+    pair: torch.Tensor
+    offset: torch.Tensor
+    matches: list  # matches per image: min(queries, objects)
+
+
+def layout(groups: list, queries: int, device) -> Layout:
+    n = torch.tensor(groups, dtype=torch.long)
+    images = torch.arange(len(groups))
+    starts = n.cumsum(0) - n
+    image = images.repeat_interleave(n)
+    slot = torch.arange(int(n.sum())) - starts[image]
+    k = n.clamp(max=queries)
+    pair_image = images.repeat_interleave(k)
+    pair_slot = torch.arange(int(k.sum())) - (k.cumsum(0) - k)[pair_image]
+    width = min(queries, max(groups))
+    packed = torch.cat((image, slot, pair_image * width + pair_slot, starts[pair_image])).to(device, non_blocking=True)
+    return Layout(*packed.split([len(image), len(slot), len(pair_slot), len(pair_slot)]), matches=k.tolist())
+
+
+def _pad(flat: torch.Tensor, where: Layout, groups: list) -> torch.Tensor:
+    """The peer's ``pad_sequence(flat.split(groups), batch_first=True)`` (zeros after each image's objects) as one
     scatter instead of a copy per image: the same tensor."""
     out = flat.new_zeros((len(groups), max(groups), *flat.shape[1:]))
-    image = torch.repeat_interleave(torch.arange(len(groups)), torch.tensor(groups))
-    slot = torch.cat([torch.arange(n) for n in groups])
-    index = torch.stack((image, slot)).to(flat.device, non_blocking=True)
-    return out.index_put_((index[0], index[1]), flat)
+    return out.index_put_((where.image, where.slot), flat)
 
 
-def matching_cost(m, variant: Variant, bbox_iou, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups):
+def matching_cost(m, variant: Variant, bbox_iou, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups,
+                  where: Layout | None = None):
     """The peer's cost of matcher ``m`` (its cost_gain, use_fl, alpha, gamma) under ``variant``, with the peer's own
     ``bbox_iou``: (bs, nq, max(groups)), each image's objects in its first columns."""
     bs, nq, nc = pred_scores.shape
+    where = where or layout(groups, nq, pred_scores.device)
     scores, boxes = pred_scores.detach(), pred_bboxes.detach()
     if variant.widen:
         scores, boxes = scores.float(), boxes.float()
     if variant.layout == "padded":
-        gt_boxes, gt_labels = _pad(gt_bboxes, groups), _pad(gt_cls, groups)
+        gt_boxes, gt_labels = _pad(gt_bboxes, where, groups), _pad(gt_cls, where, groups)
         probs = scores.sigmoid() if m.use_fl else F.softmax(scores, dim=-1)
         probs = probs.gather(2, gt_labels[:, None].expand(-1, nq, -1))
         pd, gt = boxes.unsqueeze(2), gt_boxes.unsqueeze(1)
@@ -120,10 +145,10 @@ def matching_cost(m, variant: Variant, bbox_iou, pred_bboxes, pred_scores, gt_bb
     return cost.gather(2, cols[:, None, :].expand(bs, nq, width))
 
 
-def match(cost: torch.Tensor, groups: list, backend: str, check: bool) -> list:
+def match(cost: torch.Tensor, groups: list, backend: str, check: bool, where: Layout | None = None) -> list:
     """Each image's matches of the padded cost, as the peer's matcher returns them: (queries ascending, objects'
     indices into the batch's concatenated objects)."""
-    bs, nq = cost.shape[:2]
+    where = where or layout(groups, cost.shape[1], cost.device)
     sizes = torch.tensor(groups, dtype=torch.long)
     if api.resolve_backend(backend) == "reference":
         rows, cols, info = api.lsap.linear_sum_assignment(cost, sizes)
@@ -131,10 +156,9 @@ def match(cost: torch.Tensor, groups: list, backend: str, check: bool) -> list:
         rows, cols, info = ops.linear_sum_assignment(cost, sizes)
     if check:
         api.raise_unsolved(info)
-    starts = list(itertools.accumulate(groups, initial=0))
-    offsets = torch.tensor(starts[:-1], dtype=torch.long).to(cols.device, non_blocking=True)
-    cols = cols + offsets[:, None]
-    return [(rows[b, : min(nq, n)], cols[b, : min(nq, n)]) for b, n in enumerate(groups)]
+    queries = rows.reshape(-1)[where.pair].split(where.matches)
+    objects = (cols.reshape(-1)[where.pair] + where.offset).split(where.matches)
+    return list(zip(queries, objects))
 
 
 class LucidHungarianMatcher(torch.nn.Module):
@@ -165,9 +189,11 @@ class LucidHungarianMatcher(torch.nn.Module):
         if sum(groups) == 0:  # the peer's own answer: empty CPU index tensors
             return [(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long)) for _ in groups]
         with torch.no_grad():
-            cost = matching_cost(self, variant, _peer_bbox_iou(), pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups)
+            where = layout(groups, pred_scores.shape[1], pred_scores.device)
+            cost = matching_cost(self, variant, _peer_bbox_iou(), pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups,
+                                 where)
             # without sanitising, the peer's SciPy refuses NaN and infinite costs: so do we (one synchronisation)
-            return match(cost, groups, backend, check=not variant.sanitize)
+            return match(cost, groups, backend, check=not variant.sanitize, where=where)
 
     def _runs_here(self, pred_scores, backend: str) -> bool:
         if backend == "reference":
