@@ -39,7 +39,10 @@ def _command(args: dict) -> str:
         words.append(f"--kind {args['kind']}")
         words.append("--objects " + " ".join(str(n) for n in args["objects"]))
     backends = args["backends"] if isinstance(args["backends"], str) else ",".join(args["backends"])
-    words += [f"--device {args['device']}", f"--backends {backends}", f"--reps {args['reps']}"]
+    words.append(f"--device {args['device']}")
+    if not (args["kind"] == "lsap" and backends == "reference,kernel,peer"):  # lsap's default: kernel, scipy, tla
+        words.append(f"--backends {backends}")
+    words.append(f"--reps {args['reps']}")
     return " ".join(words)
 
 
