@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
@@ -86,17 +87,19 @@ class Layout(NamedTuple):
 
 
 def layout(groups: list, queries: int, device) -> Layout:
-    n = torch.tensor(groups, dtype=torch.long)
-    images = torch.arange(len(groups))
-    starts = n.cumsum(0) - n
-    image = images.repeat_interleave(n)
-    slot = torch.arange(int(n.sum())) - starts[image]
-    k = n.clamp(max=queries)
-    pair_image = images.repeat_interleave(k)
-    pair_slot = torch.arange(int(k.sum())) - (k.cumsum(0) - k)[pair_image]
+    n = np.asarray(groups, dtype=np.int64)
+    images = np.arange(len(groups))
+    starts = np.cumsum(n) - n
+    image = np.repeat(images, n)
+    slot = np.arange(int(n.sum())) - starts[image]
+    k = np.minimum(n, queries)
+    pair_image = np.repeat(images, k)
+    pair_slot = np.arange(int(k.sum())) - (np.cumsum(k) - k)[pair_image]
     width = min(queries, max(groups))
-    packed = torch.cat((image, slot, pair_image * width + pair_slot, starts[pair_image])).to(device, non_blocking=True)
-    return Layout(*packed.split([len(image), len(slot), len(pair_slot), len(pair_slot)]), matches=k.tolist())
+    packed = np.concatenate((image, slot, pair_image * width + pair_slot, starts[pair_image]))
+    parts = torch.from_numpy(packed).to(device, non_blocking=True).split(
+        [len(image), len(slot), len(pair_slot), len(pair_slot)])
+    return Layout(*parts, matches=k.tolist())
 
 
 def _pad(flat: torch.Tensor, where: Layout, groups: list) -> torch.Tensor:
