@@ -7,4 +7,5 @@ from .api import FallbackWarning, assign, assign_pose, assign_seg, backends, lin
 from .assigner import PoseTaskAlignedAssigner, RotatedTaskAlignedAssigner, SegTaskAlignedAssigner, TaskAlignedAssigner
 
 __all__ = ["__version__", "FallbackWarning", "assign", "assign_pose", "assign_seg", "backends", "linear_sum_assignment",
-           "ops", "reference", "TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner"]
+           "ops", "reference", "TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner",
+           "SegTaskAlignedAssigner"]

@@ -9,8 +9,10 @@ What changes: the names ``TaskAlignedAssigner``, ``RotatedTaskAlignedAssigner``,
 ``v8SegmentationLoss``, ``PoseLoss26``, ``SegmentLoss26`` and ``E2ELoss`` (YOLO26: one assignment with top-k 10 and one
 with top-k 7 and top-k2 1) instantiate, become ``LucidTaskAlignedAssigner``, ``LucidRotatedTaskAlignedAssigner``,
 ``LucidPoseTaskAlignedAssigner`` and ``LucidSegTaskAlignedAssigner``, each with the rule set of the installed
-release (docs/spec.md, "Rule sets") and that release's constructor. Losses built before ``patch()`` keep the
-assigner they have. The speed and memory of the assignment change; its results do not.
+release (docs/spec.md, "Rule sets") and that release's constructor. The RT-DETR losses' ``HungarianMatcher``
+(``ultralytics.models.utils.ops`` and ``.loss``) becomes ``LucidHungarianMatcher``, which matches on the device
+(ultralytics_detr.py). Losses built before ``patch()`` keep the assigner they have. The speed and memory of the
+assignment change; its results do not.
 
 - Multi-GPU: the peer trains on several GPUs by writing a script that ``torch.distributed.run`` starts once per GPU;
   those processes import the peer afresh. While patched, every such script first patches its own process with the
@@ -50,8 +52,9 @@ from .ultralytics_check import check_peer, self_check
 from .ultralytics_ddp import rank_patched
 from .ultralytics_detr import NAME as MATCHER, LucidHungarianMatcher, check_matcher, matcher_modules
 
-__all__ = ["FallbackWarning", "LucidHungarianMatcher", "LucidPoseTaskAlignedAssigner", "LucidRotatedTaskAlignedAssigner",
-           "LucidSegTaskAlignedAssigner", "LucidTaskAlignedAssigner", "PeerMismatchError", "check_peer",
+__all__ = ["FallbackWarning", "LucidHungarianMatcher", "LucidPoseTaskAlignedAssigner",
+           "LucidRotatedTaskAlignedAssigner", "LucidSegTaskAlignedAssigner", "LucidTaskAlignedAssigner",
+           "PeerMismatchError", "check_peer",
            "effective_backend", "is_patched", "patch", "patch_report", "patched", "self_check", "unpatch"]
 
 _SEG_KEYS = frozenset(SEG_INPUTS)

@@ -87,6 +87,7 @@ class Layout(NamedTuple):
 
 
 def layout(groups: list, queries: int, device) -> Layout:
+    """The Layout of one call with ``groups[b]`` objects in image b and ``queries`` queries."""
     n = np.asarray(groups, dtype=np.int64)
     images = np.arange(len(groups))
     starts = np.cumsum(n) - n
@@ -201,9 +202,15 @@ class LucidHungarianMatcher(torch.nn.Module):
     def _runs_here(self, pred_scores, backend: str) -> bool:
         if backend == "reference":
             return True
-        why = api.device_unsupported(pred_scores.device.type)
+        device = pred_scores.device.type
+        why = api.device_unsupported(device)
         if why is not None and backend == "kernel":
             raise RuntimeError(f"backend='kernel' cannot run the matcher: {why}")
+        if why is not None:
+            from . import ultralytics as integ
+
+            integ._say_once(f"lucid-assign: the patched {NAME} cannot run its kernel here ({why}), so these calls go "
+                            f"to ultralytics' own matcher, at its speed. Fix: {api.kernel_fix(device, why)}")
         return why is None
 
 
