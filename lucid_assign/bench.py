@@ -328,7 +328,6 @@ def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: 
 # per problem) and torch-linear-assignment ("tla", package torch-hungarian: a Triton kernel of SciPy's algorithm),
 # each where installed; the costs are uniform random float32, one seeded batch per copy.
 LSAP_SHAPES = ((16, 300, 10), (16, 300, 50), (16, 300, 200))
-LSAP_BACKENDS = ("kernel", "scipy", "tla")
 
 
 def lsap_runner(backend: str):
