@@ -10,11 +10,13 @@ environment it goes to:
 Commands that only describe or pack the project (metadata, sdist) need no torch.
 
 Knobs (environment variables):
-  FORCE_CUDA=1            compile the CUDA sources even when no GPU is visible (needs a CUDA build of torch and nvcc)
+  FORCE_CUDA=1            compile the CUDA sources even when no GPU is visible (needs a CUDA build of torch)
   FORCE_CUDA=0            never compile them
   TORCH_CUDA_ARCH_LIST    GPU architectures, e.g. "9.0" or "8.0;9.0+PTX" (read by torch.utils.cpp_extension)
   MAX_JOBS                parallel compile jobs (read by torch.utils.cpp_extension; defaults to the core count)
-  CUDA_HOME               the CUDA toolkit; when unset, /usr/local/cuda is used if it holds nvcc
+  CUDA_HOME               the CUDA toolkit; when unset, /usr/local/cuda is used if it holds nvcc; with no toolkit
+                          and a torch built with CUDA 13 or later, the package index's compiler of that CUDA release
+                          (nvidia-cuda-nvcc and the packages it needs) is installed into build/cuda-<release> and used
   DEBUG=1                 -O0 -g (and -lineinfo for CUDA)
   LUCID_LOCAL_VERSION=1   append what the build is for to the version, e.g. 0.2.0+pt214cu130, and require that torch
                           minor (scripts/build_wheel.sh sets it)
@@ -97,7 +99,8 @@ def _import_torch():
     return torch
 
 
-def _want_cuda(torch, cuda_home):
+def _want_cuda(torch):
+    """Whether to compile the CUDA kernels, and why, before looking for a compiler."""
     force = os.environ.get("FORCE_CUDA", "")
     if force == "0":
         return False, "FORCE_CUDA=0"
@@ -105,15 +108,106 @@ def _want_cuda(torch, cuda_home):
         if force == "1":
             _stop("FORCE_CUDA=1 but this torch has no CUDA support (torch %s)" % torch.__version__)
         return False, "torch %s has no CUDA support" % torch.__version__
-    if cuda_home is None:
-        if force == "1":
-            _stop("FORCE_CUDA=1 but no CUDA toolkit was found: set CUDA_HOME")
-        return False, "no CUDA toolkit found (set CUDA_HOME)"
     if force == "1":
         return True, "FORCE_CUDA=1"
     if torch.cuda.is_available():
         return True, "a GPU is visible"
     return False, "no GPU visible (set FORCE_CUDA=1 to build the CUDA kernels anyway)"
+
+
+# The package index's CUDA compiler (CUDA 13 and later): nvcc with cudafe++, ptxas, fatbinary and nvlink; cicc; the
+# compiler's own headers; CUB and Thrust; the runtime's headers and library. All install into nvidia/cu<major>/.
+PIP_COMPILER = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-cccl", "nvidia-cuda-runtime")
+
+
+def _nvcc_release(nvcc):
+    """The CUDA release of an nvcc ("13.0"), or None when it does not run."""
+    import re
+    import subprocess
+
+    try:
+        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+\.\d+)", out)
+    return found.group(1) if found else None
+
+
+def _compiler_requirements(release):
+    """The compiler's packages for a CUDA release: the versions that torch's own `cuda-toolkit` pins where it is
+    installed (torch's CUDA libraries came from it), else the newest of that release."""
+    pins = {}
+    try:
+        listed = importlib.metadata.requires("cuda-toolkit") or []
+    except importlib.metadata.PackageNotFoundError:
+        listed = []
+    for requirement in listed:
+        name, _, version = requirement.split(";")[0].partition("==")
+        if name.strip() in PIP_COMPILER and version.strip().startswith(release + "."):
+            pins[name.strip()] = version.strip()
+    return [f"{name}=={pins.get(name, release + '.*')}" for name in PIP_COMPILER]
+
+
+def _pip_cuda_home(torch):
+    """A CUDA_HOME made of the package index's compiler for torch's CUDA release, for a machine with no toolkit.
+
+    Returns (CUDA_HOME, where nvcc comes from), or (None, why not). The packages go into build/cuda-<release> of this source tree (not
+    into the environment), once; the compiler must be the release torch was built with.
+    """
+    import subprocess
+
+    release = torch.version.cuda
+    major = int(release.split(".")[0])
+    if major < 13:
+        return None, (f"no CUDA toolkit found, and the package index has no CUDA {major} compiler (torch "
+                      f"{torch.__version__} is built with CUDA {release}): install the CUDA {release} toolkit, set "
+                      "CUDA_HOME to it and install lucid-assign again (pip install --no-build-isolation "
+                      "--force-reinstall --no-deps lucid-assign)")
+    folder = os.path.join(ROOT, "build", f"cuda-{release}")
+    home = os.path.join(folder, "nvidia", f"cu{major}")
+    if _nvcc_release(os.path.join(home, "bin", "nvcc")) != release:
+        wanted = _compiler_requirements(release)
+        print(f"lucid-assign: no CUDA toolkit found; installing the CUDA {release} compiler from the package index "
+              f"into {folder}: {' '.join(wanted)}", flush=True)
+        partial = folder + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        # pip's isolated build hides the environment's site-packages through PYTHONPATH; this pip runs without it
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
+                               "--disable-pip-version-check", "-q", "--target", partial, *wanted],
+                              env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            return None, (f"no CUDA toolkit found, and pip could not install the CUDA {release} compiler "
+                          f"({' '.join(wanted)}): {(done.stderr.strip().splitlines() or ['?'])[-1]}")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.rename(partial, folder)
+        if _nvcc_release(os.path.join(home, "bin", "nvcc")) != release:
+            return None, f"the CUDA {release} compiler installed into {folder} does not run"
+    lib = os.path.join(home, "lib")
+    # the runtime ships as libcudart.so.<major>; the extension links with -lcudart (and nvcc looks in lib64)
+    if not os.path.lexists(os.path.join(lib, "libcudart.so")):
+        os.symlink(f"libcudart.so.{major}", os.path.join(lib, "libcudart.so"))
+    if not os.path.lexists(os.path.join(home, "lib64")):
+        os.symlink("lib", os.path.join(home, "lib64"))
+    nvcc = next(importlib.metadata.distributions(name="nvidia-cuda-nvcc", path=[folder]), None)
+    return home, f"nvcc {nvcc.version if nvcc else release} of pip's nvidia-cuda-nvcc (no CUDA toolkit found) in {folder}"
+
+
+def _find_compiler(torch, with_cuda, why):
+    """CUDA_HOME for the build: a toolkit, or else the package index's compiler. Returns (with_cuda, why, compiler),
+    compiler saying where nvcc came from; stops when FORCE_CUDA=1 and there is none."""
+    if not with_cuda:
+        return False, why, None
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+        return True, why, f"nvcc {_nvcc_release(os.path.join(home, 'bin', 'nvcc'))} of the toolkit at {home}"
+    home, compiler = _pip_cuda_home(torch)
+    if home is None:
+        if os.environ.get("FORCE_CUDA") == "1":
+            _stop(f"FORCE_CUDA=1 but {compiler}")
+        return False, compiler, None
+    os.environ["CUDA_HOME"] = home  # read by torch.utils.cpp_extension when it is imported, below
+    return True, why, compiler
 
 
 def _missing_cuda_headers_dir(cuda_home):
@@ -214,18 +308,19 @@ def main():
     if building or local:
         _default_cuda_home()
         torch = _import_torch()
+        with_cuda, why, compiler = _find_compiler(torch, *_want_cuda(torch))
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension
 
-        with_cuda, why = _want_cuda(torch, CUDA_HOME)
         if local:
             version += "+" + _local_tag(torch, with_cuda)
             major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
             kwargs["install_requires"] = [f"torch>={major}.{minor},<{major}.{minor + 1}"]
         if building:
-            print("lucid-assign: building against torch %s (%s), CUDA kernels %s (%s)"
-                  % (torch.__version__, os.path.dirname(torch.__file__), "ON" if with_cuda else "OFF", why))
+            print("lucid-assign: building against torch %s (%s), CUDA kernels %s (%s)%s"
+                  % (torch.__version__, os.path.dirname(torch.__file__), "ON" if with_cuda else "OFF", why,
+                     ", " + compiler if compiler else ""), flush=True)
             _write_build_info(dict(version=version, torch=torch.__version__, cuda=with_cuda, why=why,
-                                   torch_cuda=torch.version.cuda if with_cuda else None,
+                                   compiler=compiler, torch_cuda=torch.version.cuda if with_cuda else None,
                                    arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST") if with_cuda else None))
             kwargs.update(
                 ext_modules=[_extension(torch, with_cuda, CUDA_HOME)],

@@ -69,6 +69,8 @@ def report() -> list:
     if info:
         lines.append(f"built with torch {info.get('torch')}, CUDA kernels {'on' if info.get('cuda') else 'off'} "
                      f"({info.get('why')}), TORCH_CUDA_ARCH_LIST={info.get('arch_list')}")
+        if info.get("compiler"):
+            lines.append(f"CUDA compiler of the build: {info['compiler']}")
     else:
         lines.append("build info: none (the library was not built by this package's setup.py)")
     lines.append(f"ultralytics (the peer trainer): {peer_version() or 'not installed'}")

