@@ -3,9 +3,9 @@ Hungarian matching for DETR-style ones."""
 
 from . import _library, ops, reference  # noqa: F401  (_library: loading the compiled ops on import)
 from ._version import __version__
-from .api import FallbackWarning, assign, assign_pose, assign_seg, backends, linear_sum_assignment
+from .api import FallbackWarning, assign, assign_pose, assign_seg, backends, linear_sum_assignment, pad_targets
 from .assigner import PoseTaskAlignedAssigner, RotatedTaskAlignedAssigner, SegTaskAlignedAssigner, TaskAlignedAssigner
 
 __all__ = ["__version__", "FallbackWarning", "assign", "assign_pose", "assign_seg", "backends", "linear_sum_assignment",
-           "ops", "reference", "TaskAlignedAssigner", "RotatedTaskAlignedAssigner", "PoseTaskAlignedAssigner",
-           "SegTaskAlignedAssigner"]
+           "pad_targets", "ops", "reference", "TaskAlignedAssigner", "RotatedTaskAlignedAssigner",
+           "PoseTaskAlignedAssigner", "SegTaskAlignedAssigner"]

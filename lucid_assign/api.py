@@ -586,6 +586,78 @@ def assign_seg(
     return dispatch(_SEG, box, (pd_coef, mask_scale, proto, gt_masks), settings, {}, backend)
 
 
+# ---- from a trainer's flat targets to the padded inputs ---------------------------------------------------------
+
+
+def pad_targets(targets: torch.Tensor, batch_size: int, *, max_objects: int | None = None, device=None,
+                check: bool = True):
+    """A trainer's flat targets to the assignment's padded inputs ``(gt_labels, gt_bboxes, mask_gt)``.
+
+    Args:
+        targets: (N, 6) or (N, 7) rows ``image index, class, box``, the box with 4 values (HBB, ``x1 y1 x2 y2``) or 5
+            (OBB, ``cx cy w h angle``), in the units of the anchors, as data loaders collate them (the rows of an
+            image need not be adjacent). Floating point; the image index and the class hold integers.
+        batch_size: B, the number of images.
+        max_objects: M, the objects' dimension of the outputs. None: the largest count of any image when ``targets``
+            is on the CPU (read there, no device synchronisation), and N (every row fits) when it is on a GPU, which
+            reading the counts would synchronise.
+        device: where the outputs go (default: the device of ``targets``); from the CPU, one copy, not blocking the
+            host where the rows are in pinned memory.
+        check: raise ValueError naming ``targets`` for an image index outside [0, B) or not an integer, or an image
+            with more than ``max_objects`` rows. On a GPU that reads the rows (one synchronisation); False never
+            synchronises, and such rows are left out (never written out of bounds).
+
+    Returns:
+        ``gt_labels`` (B, M, 1) and ``gt_bboxes`` (B, M, 4|5) of the dtype of ``targets``, and ``mask_gt`` (B, M, 1)
+        bool; each image's rows in their order in ``targets``, then zero rows with ``mask_gt`` False. ``targets`` is
+        not modified.
+    """
+    _require_tensors(("targets",), (targets,))
+    if targets.dim() != 2 or targets.shape[1] not in (6, 7):
+        raise ValueError(f"targets must be (N, 6) or (N, 7) rows of image index, class and box, got {_shape(targets)}")
+    if not targets.is_floating_point():
+        raise TypeError(f"targets must be floating point, got {targets.dtype}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+        raise ValueError(f"batch_size must be an integer >= 0, got {batch_size!r}")
+    if max_objects is not None and (isinstance(max_objects, bool) or not isinstance(max_objects, int)
+                                    or max_objects < 0):
+        raise ValueError(f"max_objects must be an integer >= 0 or None, got {max_objects!r}")
+    n = targets.shape[0]
+    image = targets[:, 0]
+    valid = (image >= 0) & (image < batch_size) & (image == image.floor())
+    index = torch.where(valid, image, 0).long()
+    counts = torch.zeros(batch_size + 1, dtype=torch.long, device=targets.device)
+    counts.index_add_(0, torch.where(valid, index, batch_size), torch.ones_like(index))
+    if check and n:  # reads the rows: on a GPU, one synchronisation
+        if not bool(valid.all()):
+            row = int((~valid).nonzero()[0, 0])
+            raise ValueError(f"targets[{row}, 0] must be an image index in [0, batch_size) = [0, {batch_size}), got "
+                             f"{float(image[row])}")
+        most = int(counts[:batch_size].max()) if batch_size else 0
+        if max_objects is not None and most > max_objects:
+            raise ValueError(f"targets has {most} rows for image {int(counts[:batch_size].argmax())}, more than "
+                             f"max_objects ({max_objects})")
+    if max_objects is None:  # a GPU's counts are not read (that would synchronise): every row fits in N
+        on_host = targets.device.type == "cpu"
+        max_objects = int(counts[:batch_size].max()) if on_host and batch_size and n else (0 if on_host else n)
+    # each row's place in its image: rows sorted by image (stable), minus where its image starts
+    order = torch.sort(torch.where(valid, index, batch_size), stable=True).indices
+    starts = counts.cumsum(0) - counts
+    image_of = torch.where(valid, index, batch_size)[order]
+    place = torch.arange(n, device=targets.device) - starts[image_of]
+    # rows that do not fit (or have no image) go to a spare row and column, dropped below
+    spare = (image_of == batch_size) | (place >= max_objects)
+    image_of = torch.where(spare, batch_size, image_of)
+    place = torch.where(spare, max_objects, place)
+    width = targets.shape[1] - 1
+    out = targets.new_zeros(batch_size + 1, max_objects + 1, 1 + width)
+    out[image_of, place] = torch.cat([torch.ones_like(targets[:, :1]), targets[:, 1:]], 1)[order]
+    out = out[:batch_size, :max_objects]
+    if device is not None:
+        out = out.to(device, non_blocking=True)
+    return out[..., 1:2].clone(), out[..., 2:].clone(), out[..., :1] != 0
+
+
 # ---- the linear sum assignment -----------------------------------------------------------------------------------
 
 

@@ -544,3 +544,26 @@ def test_the_patch_says_once_that_it_took_effect(integ, library, monkeypatch, ob
         LOGGER.setLevel(level)
         done()
     assert not [ln for ln in lines if "lucid-assign" in ln]
+
+
+@pytest.mark.parametrize("backend", ["reference", "kernel"])
+def test_a_class_count_set_at_run_time_is_followed(integ, library, backend):
+    """YOLOE's visual-prompt loss sets ``num_classes`` on the assigner that the loss built, between calls, to the
+    prompts' count. The patched assigner follows it as the peer's does: the reference bit for bit, the CPU kernel as
+    the contract says."""
+    from lucid_assign.synthetic import dota_like_batch
+    from ultralytics.utils import loss
+
+    peer = loss.TaskAlignedAssigner(topk=10, num_classes=80, alpha=0.5, beta=6.0)
+    integ.patch(backend)
+    ours = loss.TaskAlignedAssigner(topk=10, num_classes=80, alpha=0.5, beta=6.0)
+    assert type(ours).__name__ == "LucidTaskAlignedAssigner"
+    for nc in (80, 5, 17, 1):
+        b = dota_like_batch(batch=2, img_size=128, num_classes=nc, objects=(3, 8), obb=False, seed=nc)
+        inputs = [b[k] for k in reference.INPUTS]
+        peer.num_classes = ours.num_classes = nc
+        with lower_index_topk("cpu"):
+            want = peer(*inputs)
+        got = ours(*inputs)
+        assert got[2].shape[-1] == nc
+        assert_matches(got, want, exact=backend == "reference", case=f"{nc} classes")
