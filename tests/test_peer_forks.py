@@ -21,6 +21,8 @@ import sys
 
 import pytest
 
+from peers import install_releases
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORK_BASES = {"8.1.34": "YOLOv10's fork base", "8.3.63": "YOLOv12 and YOLOv13's fork base"}
 # modules a release imports that the current peer no longer needs: installed beside it, without their dependencies
@@ -29,21 +31,7 @@ OLD_IMPORTS = {"8.1.34": ["tqdm", "pandas"], "8.3.63": ["tqdm"]}
 
 @pytest.fixture(scope="module")
 def fork_releases(tmp_path_factory):
-    folder = os.environ.get("LUCID_PEER_RELEASES") or str(tmp_path_factory.mktemp("peer-releases"))
-    paths = {}
-    for version in FORK_BASES:
-        target = os.path.join(folder, version)
-        if not os.path.isdir(os.path.join(target, "ultralytics")):
-            done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                                   "--target", target, f"ultralytics=={version}", *OLD_IMPORTS.get(version, [])],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                msg = f"cannot install ultralytics=={version}: {done.stderr[-500:]}"
-                if os.environ.get("LUCID_REQUIRE_PEER") == "1":
-                    pytest.fail(msg)
-                pytest.skip(msg)
-        paths[version] = target
-    return paths
+    return install_releases(tmp_path_factory, FORK_BASES, OLD_IMPORTS)
 
 
 YOLOV10 = r"""

@@ -20,6 +20,7 @@ from lucid_assign import api, reference
 from lucid_assign.synthetic import check_batch, pose_batch, seg_batch, write_yolo_dataset
 
 from contract import CPU_SCORE_RTOL, assert_matches, pose_score_rtol
+from peers import install_releases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = reference.INPUTS
@@ -48,20 +49,7 @@ MATCHER_RELEASES = {
 def releases(tmp_path_factory):
     """Install each release of RELEASES (once per folder); skip, or fail with LUCID_REQUIRE_PEER=1, without pip's
     registry."""
-    folder = os.environ.get("LUCID_PEER_RELEASES") or str(tmp_path_factory.mktemp("peer-releases"))
-    paths = {}
-    for version in {**RELEASES, **MATCHER_RELEASES}:
-        target = os.path.join(folder, version)
-        if not os.path.isdir(os.path.join(target, "ultralytics")):
-            done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                                   "--target", target, f"ultralytics=={version}"], capture_output=True, text=True)
-            if done.returncode != 0:
-                msg = f"cannot install ultralytics=={version}: {done.stderr[-500:]}"
-                if os.environ.get("LUCID_REQUIRE_PEER") == "1":
-                    pytest.fail(msg)
-                pytest.skip(msg)
-        paths[version] = target
-    return paths
+    return install_releases(tmp_path_factory, {**RELEASES, **MATCHER_RELEASES})
 
 
 def _run(release_dir, code, timeout=600):

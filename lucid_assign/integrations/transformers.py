@@ -1,0 +1,268 @@
+"""transformers' DETR-family matchers on lucid-assign's batched linear sum assignment.
+
+Every detection matcher of ``transformers/loss/`` computes a (batch, queries, all objects of the batch) cost on the
+device, copies it to the host (``.view(batch, queries, -1).cpu()``), splits it by the images' object counts and calls
+SciPy's ``linear_sum_assignment`` once per image (LW-DETR's and RF-DETR's once per image and query group). patch()
+replaces each matcher's ``forward``: the matcher's own code computes its cost, exactly as unpatched, up to the copy
+to the host; there the patched forward takes the cost on its device and matches every image (and group) in one call
+of ``torch.ops.lucid.linear_sum_assignment``, SciPy's choice, ties included. It returns what the matcher returns: per
+image the matched queries in ascending order and their objects, int64 index tensors, on the cost's device (the
+matcher's are on the CPU).
+
+Each patched class checks itself once, at its first call in a process: it also runs the matcher's own forward on
+those inputs (SciPy on the host, one synchronisation) and compares the matches; a class that differs goes back to its
+own forward for the rest of the process, said once. patch_report() says what was patched and what was left.
+
+    from lucid_assign.integrations import transformers as lucid_transformers
+    lucid_transformers.patch()   # before training; unpatch() restores the classes
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import threading
+import warnings
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .. import api, ops
+
+LOGGER = logging.getLogger("lucid_assign")
+
+
+class Matcher(NamedTuple):
+    module: str  # where transformers defines it
+    sizes_key: str  # the targets' key whose length is an image's object count (the matcher's own)
+    grouped: bool  # forward(outputs, targets, group_detr): the queries in group_detr groups, each matched alone
+
+
+# transformers 5.x, transformers/loss/ (docs/usage.md, "transformers")
+MATCHERS = {
+    "HungarianMatcher": Matcher("transformers.loss.loss_for_object_detection", "boxes", False),
+    "DeformableDetrHungarianMatcher": Matcher("transformers.loss.loss_deformable_detr", "boxes", False),
+    "RTDetrHungarianMatcher": Matcher("transformers.loss.loss_rt_detr", "boxes", False),
+    "LwDetrHungarianMatcher": Matcher("transformers.loss.loss_lw_detr", "boxes", True),
+    "RfDetrHungarianMatcher": Matcher("transformers.loss.loss_rf_detr", "masks", True),
+    "GroundingDinoHungarianMatcher": Matcher("transformers.loss.loss_grounding_dino", "boxes", False),
+}
+
+_state = threading.RLock()
+_originals: dict | None = None  # class -> its own forward, while patched
+_report: dict = {}  # class name -> what patch() did
+_backend = "auto"
+_verified: dict = {}  # class -> True (checked, same) / False (differs: its own forward from then on)
+_said: set = set()
+
+
+class _Cost(Exception):
+    """Raised out of a matcher's own forward at its copy to the host, carrying the cost it was copying."""
+
+    def __init__(self, cost: torch.Tensor):
+        super().__init__("the matcher's cost")
+        self.cost = cost
+
+
+class _TakeCost(TorchFunctionMode):
+    """Stops the matcher at ``Tensor.cpu`` of its 3-D cost and hands the cost over (local to this thread)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cpu and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
+            raise _Cost(args[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _say_once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        warnings.warn(message, api.FallbackWarning, stacklevel=3)
+
+
+class Layout(NamedTuple):
+    """Where the matches of one call go, computed on the host from the object counts and copied in one transfer."""
+
+    columns: torch.Tensor  # (images, width): the cost's column of each object slot (padding repeats the last)
+    pairs: torch.Tensor  # the flat places, in the op's (problems, K) outputs, of each image's matches in order
+    query_offset: torch.Tensor  # per match: the first query of its group
+    per_image: list  # matches per image
+
+
+def layout(sizes: list, queries: int, groups: int, device) -> Layout:
+    """The Layout of a cost with ``queries`` queries in ``groups`` groups against images of ``sizes`` objects."""
+    n = np.asarray(sizes, dtype=np.int64)
+    images, width, per_group = len(sizes), max(int(n.max()), 1), queries // groups
+    starts = np.cumsum(n) - n
+    total = int(n.sum())
+    slot = np.arange(width)
+    columns = np.minimum(starts[:, None] + np.minimum(slot[None], np.maximum(n - 1, 0)[:, None]), max(total - 1, 0))
+    k = np.minimum(n, per_group)
+    pairs_width = min(per_group, width)
+    pairs, query_offset = [], []
+    for b in range(images):
+        for g in range(groups):
+            problem = b * groups + g
+            pairs.append(problem * pairs_width + np.arange(k[b]))
+            query_offset.append(np.full(k[b], g * per_group))
+    pairs = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
+    query_offset = np.concatenate(query_offset) if query_offset else np.zeros(0, np.int64)
+    packed = np.concatenate((columns.reshape(-1), pairs, query_offset)).astype(np.int64)
+    parts = torch.from_numpy(packed).to(device, non_blocking=True).split([columns.size, len(pairs), len(pairs)])
+    return Layout(parts[0].view(images, width), parts[1], parts[2], (k * groups).tolist())
+
+
+def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto") -> list:
+    """The matcher's result from its (batch, queries, all objects) cost: SciPy's matches of each image (and group),
+    as (queries ascending, objects of the image) int64 tensors on the cost's device, without synchronising."""
+    bs, nq, total = cost.shape
+    if total == 0 or bs == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=cost.device)
+        return [(empty, empty) for _ in range(bs)]
+    where = layout(sizes, nq, groups, cost.device)
+    width = where.columns.shape[1]
+    padded = cost.gather(2, where.columns[:, None, :].expand(bs, nq, width))  # each image's objects first (exact)
+    per_group = nq // groups
+    problems = padded[:, : per_group * groups].reshape(bs * groups, per_group, width)
+    counts = torch.tensor([n for n in sizes for _ in range(groups)], dtype=torch.long)
+    if api.resolve_backend(backend) == "reference":
+        rows, cols, _ = api.lsap.linear_sum_assignment(problems, counts)
+    else:
+        rows, cols, _ = ops.linear_sum_assignment(problems, counts)
+    queries = (rows.reshape(-1)[where.pairs] + where.query_offset).split(where.per_image)
+    objects = cols.reshape(-1)[where.pairs].split(where.per_image)
+    return list(zip(queries, objects))
+
+
+def _same(ours: list, theirs: list) -> bool:
+    return len(ours) == len(theirs) and all(
+        torch.equal(a.cpu(), c.cpu()) and torch.equal(b.cpu(), d.cpu()) for (a, b), (c, d) in zip(ours, theirs))
+
+
+def _patched_forward(cls, own, spec: Matcher):
+    @functools.wraps(own)
+    def forward(self, outputs, targets, *args, **kwargs):
+        if _verified.get(cls) is False or not _runs_here(outputs):
+            return own(self, outputs, targets, *args, **kwargs)
+        try:
+            with _TakeCost():
+                result = own(self, outputs, targets, *args, **kwargs)
+        except _Cost as taken:
+            cost = taken.cost
+        else:  # it never copied a cost to the host: nothing to take over
+            _verified[cls] = False
+            _say_once(f"lucid-assign: transformers' {cls.__name__} copied no cost to the host; it runs as it is")
+            return result
+        groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
+        sizes = [len(t[spec.sizes_key]) for t in targets]
+        with torch.no_grad():
+            ours = match(cost.detach(), sizes, groups, _backend)
+        if cls not in _verified:  # once per class and process: against the matcher's own forward
+            theirs = own(self, outputs, targets, *args, **kwargs)
+            _verified[cls] = _same(ours, theirs)
+            if not _verified[cls]:
+                _report[cls.__name__] = "left to transformers (its first call matched differently)"
+                _say_once(f"lucid-assign: the patched {cls.__name__} matched differently from transformers' own at "
+                          "its first call; it runs transformers' own matching from now on")
+                return theirs
+            LOGGER.info("lucid-assign: transformers' %s matches on %s with lucid-assign's kernel", cls.__name__,
+                        cost.device)
+        return ours
+
+    forward.__lucid_patched__ = True
+    return forward
+
+
+def _runs_here(outputs) -> bool:
+    if api.resolve_backend(_backend) == "reference":
+        return True
+    logits = outputs.get("logits") if isinstance(outputs, dict) else None
+    device = logits.device.type if isinstance(logits, torch.Tensor) else "cpu"
+    why = api.device_unsupported(device)
+    if why is not None:
+        if _backend == "kernel":
+            raise RuntimeError(f"backend='kernel' cannot run the matcher: {why}")
+        _say_once(f"lucid-assign: transformers' matchers cannot run the kernel here ({why}); they run as they are. "
+                  f"Fix: {api.kernel_fix(device, why)}")
+    return why is None
+
+
+def _classes() -> dict:
+    """The matcher classes of the installed transformers: name -> class (None where this version has none)."""
+    found = {}
+    for name, spec in MATCHERS.items():
+        try:
+            module = importlib.import_module(spec.module)
+        except Exception:  # a version without that loss, or one that fails to import without SciPy
+            module = None
+        cls = getattr(module, name, None) if module is not None else None
+        found[name] = cls if isinstance(cls, type) and "forward" in vars(cls) else None
+    return found
+
+
+def patch(backend: str = "auto") -> None:
+    """Make transformers' DETR-family matchers match on the device with lucid-assign's op.
+
+    ``backend``: "auto" (the kernel where it runs, else the matcher as it is, said once), "kernel" (raise where it
+    cannot run) or "reference" (lucid-assign's pure solver). Idempotent; ``unpatch()`` restores the classes."""
+    global _originals, _backend
+    api.resolve_backend(backend)  # refuses an unknown backend
+    with _state:
+        if _originals is not None:
+            _backend = backend
+            return
+        try:
+            import scipy.optimize  # noqa: F401
+        except ImportError:
+            scipy = False
+        else:
+            scipy = True
+        _report.clear()
+        _verified.clear()
+        _originals = {}
+        for name, cls in _classes().items():
+            if cls is None:
+                _report[name] = "not in this version of transformers"
+            elif not scipy:
+                _report[name] = "left to transformers (no SciPy: it cannot match at all)"
+            else:
+                _originals[cls] = vars(cls)["forward"]
+                cls.forward = _patched_forward(cls, _originals[cls], MATCHERS[name])
+                _report[name] = "patched"
+        _backend = backend
+
+
+def unpatch() -> None:
+    """Restore every patched class's own forward."""
+    global _originals
+    with _state:
+        for cls, forward in (_originals or {}).items():
+            cls.forward = forward
+        _originals = None
+        _verified.clear()
+
+
+def is_patched() -> bool:
+    return _originals is not None
+
+
+@contextlib.contextmanager
+def patched(backend: str = "auto"):
+    """Patch for the block, then restore what was there before it."""
+    was, before = is_patched(), _backend
+    patch(backend)
+    try:
+        yield
+    finally:
+        if was:
+            patch(before)
+        else:
+            unpatch()
+
+
+def patch_report() -> list:
+    """One line per matcher class: patched, left to transformers (why), or not in this version."""
+    return [f"{name}: {what}" for name, what in _report.items()]
