@@ -73,14 +73,17 @@ def _loss(model, px, labels):
     return out.loss.detach(), {k: v.detach() for k, v in out.loss_dict.items()}, grads
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_each_family_gives_the_same_loss_patched(library, family):
+def test_each_family_gives_the_same_loss_patched(library, family, device):
+    """On CUDA the loss and its parts; the gradients only on the CPU (the deformable attention's backward adds with
+    atomics on CUDA: two unpatched runs already differ there)."""
     make, matcher = FAMILIES[family]
     torch.manual_seed(0)
-    model = make()
+    model = make().to(device)
     model.train()
-    px = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2))
-    labels = _labels([3, 0, 6])
+    px = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2)).to(device)
+    labels = [{k: v.to(device) for k, v in t.items()} for t in _labels([3, 0, 6])]
     plain = _loss(model, px, labels)
     with lt.patched("kernel"):
         assert f"{matcher}: patched" in lt.patch_report()
@@ -89,7 +92,8 @@ def test_each_family_gives_the_same_loss_patched(library, family):
         assert lt._verified.get(cls) is True  # its first call matched as the matcher's own, then ours ran
     assert torch.equal(plain[0], ours[0]), (plain[0], ours[0])
     assert plain[1].keys() == ours[1].keys() and all(torch.equal(plain[1][k], ours[1][k]) for k in plain[1])
-    assert plain[2].keys() == ours[2].keys() and all(torch.equal(plain[2][k], ours[2][k]) for k in plain[2])
+    if device == "cpu":
+        assert plain[2].keys() == ours[2].keys() and all(torch.equal(plain[2][k], ours[2][k]) for k in plain[2])
 
 
 def _scipy_groups(cost, sizes, groups):

@@ -1,0 +1,161 @@
+"""Training-step benchmark of a transformers DETR-family model with and without
+lucid_assign.integrations.transformers.patch(), in one run.
+
+    python bench/train_step_transformers.py                       # GPU: RT-DETR, batch 16 at 640 px, bf16 autocast
+    python bench/train_step_transformers.py --family deformable-detr
+    python bench/train_step_transformers.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 2 --warmup 1
+
+The model comes from its default config (RTDetrForObjectDetection; DeformableDetrForObjectDetection with a ResNet-50
+backbone config in place of timm), 80 classes, no weights. Each step is a forward pass with labels under bf16
+autocast (the loss matches queries to objects once per decoder layer, and once for the encoder's proposals where
+the model has them), backward and an SGD step, on DOTA-like axis-aligned objects (lucid_assign.synthetic). Both
+variants are built from one seed and their steps alternate. It reports the median step time and, from separate
+instrumented steps, the matcher's time: every call timed between two device synchronisations (its host work and its
+GPU work, overlapped with nothing: an upper bound of its cost in the step), and its share of the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lucid_assign.integrations import transformers as lt  # noqa: E402
+from lucid_assign.synthetic import dota_like_batch  # noqa: E402
+
+FAMILIES = {"rt-detr": "RTDetrHungarianMatcher", "deformable-detr": "DeformableDetrHungarianMatcher"}
+
+
+def build(family: str, device):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if family == "rt-detr":
+        model = tf.RTDetrForObjectDetection(tf.RTDetrConfig(num_labels=80))
+    else:
+        config = tf.DeformableDetrConfig(num_labels=80, use_timm_backbone=False, use_pretrained_backbone=False,
+                                         backbone_config=tf.ResNetConfig(out_features=["stage2", "stage3", "stage4"]))
+        model = tf.DeformableDetrForObjectDetection(config)
+    model.to(device).train()
+    return model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
+
+
+def batch(size: int, imgsz: int, objects: int, seed: int, device):
+    """Images and the labels the image processors give: per image its classes and normalised cx cy w h boxes."""
+    s = dota_like_batch(batch=size, img_size=imgsz, num_classes=80, objects=objects, obb=False, seed=seed)
+    labels = []
+    for b in range(size):
+        keep = s["mask_gt"][b, :, 0].bool()
+        x1y1, x2y2 = s["gt_bboxes"][b][keep].split(2, -1)
+        boxes = (torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), -1) / imgsz).clamp(0, 1)
+        labels.append({"class_labels": s["gt_labels"][b][keep][:, 0].long().to(device), "boxes": boxes.to(device)})
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(size, 3, imgsz, imgsz, generator=g).to(device), labels
+
+
+def sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def step(model, opt, images, labels, device):
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        loss = model(pixel_values=images, labels=labels).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+@contextlib.contextmanager
+def timed_matcher(name: str, device, spans: list):
+    """Each call of the matcher class's forward (patched or not), timed between two synchronisations."""
+    cls = next(c for n, c in lt._classes().items() if n == name)
+    inner = cls.forward
+
+    def forward(self, *args, **kwargs):
+        sync(device)
+        t0 = time.perf_counter()
+        out = inner(self, *args, **kwargs)
+        sync(device)
+        spans.append(time.perf_counter() - t0)
+        return out
+
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = inner
+
+
+def measure(args, objects: int) -> list:
+    device = args.device
+    batches = [batch(args.batch, args.imgsz, objects, seed, device) for seed in range(3)]
+    runs = []
+    for patched in (False, True):
+        model, opt = build(args.family, device)
+        runs.append(dict(patched=patched, model=model, opt=opt, times=[]))
+    contexts = {False: contextlib.nullcontext, True: lambda: lt.patched("kernel")}
+    for r in runs:
+        with contexts[r["patched"]]():
+            for i in range(args.warmup):
+                step(r["model"], r["opt"], *batches[i % 3], device)
+    sync(device)
+    for i in range(args.steps):
+        for r in runs if i % 2 == 0 else runs[::-1]:
+            with contexts[r["patched"]]():
+                t0 = time.perf_counter()
+                step(r["model"], r["opt"], *batches[i % 3], device)
+                sync(device)
+                r["times"].append(time.perf_counter() - t0)
+    for r in runs:
+        per_step, calls = [], 0
+        with contexts[r["patched"]]():
+            for i in range(min(args.steps, 5)):
+                spans = []
+                with timed_matcher(FAMILIES[args.family], device, spans):
+                    step(r["model"], r["opt"], *batches[i % 3], device)
+                    sync(device)
+                per_step.append(sum(spans))
+                calls = len(spans)
+        r.update(objects=objects, step_s=statistics.median(r["times"]), matcher_s=statistics.median(per_step),
+                 calls=calls)
+        del r["model"], r["opt"]
+    return runs
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--family", choices=list(FAMILIES), default="rt-detr")
+    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--objects", type=int, nargs="+", default=[10, 50, 200])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    args = p.parse_args(argv)
+    import transformers
+
+    print(f"{args.family}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch "
+          f"{torch.__version__}, transformers {transformers.__version__}"
+          f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")
+    print(f"{'objects':>7} {'matcher':<10} {'step ms':>9} {'matcher ms (calls)':>19} {'share':>7}")
+    for objects in args.objects:
+        runs = measure(args, objects)
+        for r in runs:
+            print(f"{objects:>7} {'patched' if r['patched'] else 'own':<10} {r['step_s'] * 1e3:9.1f} "
+                  f"{r['matcher_s'] * 1e3:13.2f} ({r['calls']}) {100 * r['matcher_s'] / r['step_s']:6.2f}%")
+        base, ours = runs
+        paired = statistics.median(1 - q / u for u, q in zip(base["times"], ours["times"]))
+        print(f"{'':>7} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch "
+              f"(median of the paired steps: {100 * paired:+.1f}%)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
