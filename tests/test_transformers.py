@@ -16,6 +16,7 @@ from lucid_assign.integrations import transformers as lt  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def restored():
+    lt._verified.clear()  # each test sees the classes' first call (the check is once per process)
     yield
     lt.unpatch()
 
@@ -75,9 +76,10 @@ def _loss(model, px, labels):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_each_family_gives_the_same_loss_patched(library, family, device):
-    """On CUDA the loss and its parts; the gradients only on the CPU (the deformable attention's backward adds with
-    atomics on CUDA: two unpatched runs already differ there)."""
+def test_each_family_gives_the_same_loss_patched(library, family, device, monkeypatch):
+    """The CPU: the loss, its parts and the gradients, bit for bit. CUDA: every call's matches against the matcher's
+    own on that call's inputs (the losses themselves are not reproducible there: DETR's class loss differs between two
+    unpatched runs by a unit in the last place, and the deformable attention's backward adds with atomics)."""
     make, matcher = FAMILIES[family]
     torch.manual_seed(0)
     model = make().to(device)
@@ -85,15 +87,18 @@ def test_each_family_gives_the_same_loss_patched(library, family, device):
     px = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2)).to(device)
     labels = [{k: v.to(device) for k, v in t.items()} for t in _labels([3, 0, 6])]
     plain = _loss(model, px, labels)
+    if device == "cuda":  # every call checked as a first call is: against the matcher's own forward
+        monkeypatch.setattr(lt, "_verified", type("EveryCall", (dict,), {"__contains__": lambda self, key: False})())
     with lt.patched("kernel"):
         assert f"{matcher}: patched" in lt.patch_report()
         ours = _loss(model, px, labels)
         cls = next(c for c in lt._originals if c.__name__ == matcher)
-        assert lt._verified.get(cls) is True  # its first call matched as the matcher's own, then ours ran
+        assert lt._verified.get(cls) is True  # its first call (CUDA: every call) matched as the matcher's own
+    if device == "cuda":
+        return
     assert torch.equal(plain[0], ours[0]), (plain[0], ours[0])
     assert plain[1].keys() == ours[1].keys() and all(torch.equal(plain[1][k], ours[1][k]) for k in plain[1])
-    if device == "cpu":
-        assert plain[2].keys() == ours[2].keys() and all(torch.equal(plain[2][k], ours[2][k]) for k in plain[2])
+    assert plain[2].keys() == ours[2].keys() and all(torch.equal(plain[2][k], ours[2][k]) for k in plain[2])
 
 
 def _scipy_groups(cost, sizes, groups):

@@ -56,7 +56,8 @@ _state = threading.RLock()
 _originals: dict | None = None  # class -> its own forward, while patched
 _report: dict = {}  # class name -> what patch() did
 _backend = "auto"
-_verified: dict = {}  # class -> True (checked, same) / False (differs: its own forward from then on)
+_verified: dict = {}  # class -> True (checked, same) / False (differs: its own forward from then on); kept for the
+# process, across patch() and unpatch()
 _said: set = set()
 
 
@@ -221,7 +222,6 @@ def patch(backend: str = "auto") -> None:
         else:
             scipy = True
         _report.clear()
-        _verified.clear()
         _originals = {}
         for name, cls in _classes().items():
             if cls is None:
@@ -231,7 +231,8 @@ def patch(backend: str = "auto") -> None:
             else:
                 _originals[cls] = vars(cls)["forward"]
                 cls.forward = _patched_forward(cls, _originals[cls], MATCHERS[name])
-                _report[name] = "patched"
+                _report[name] = ("left to transformers (its first call matched differently)"
+                                 if _verified.get(cls) is False else "patched")
         _backend = backend
 
 
@@ -242,7 +243,6 @@ def unpatch() -> None:
         for cls, forward in (_originals or {}).items():
             cls.forward = forward
         _originals = None
-        _verified.clear()
 
 
 def is_patched() -> bool:
