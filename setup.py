@@ -151,8 +151,8 @@ def _compiler_requirements(release):
 def _pip_cuda_home(torch):
     """A CUDA_HOME made of the package index's compiler for torch's CUDA release, for a machine with no toolkit.
 
-    Returns (CUDA_HOME, where nvcc comes from), or (None, why not). The packages go into build/cuda-<release> of this source tree (not
-    into the environment), once; the compiler must be the release torch was built with.
+    Returns (CUDA_HOME, where nvcc comes from), or (None, why not). The packages go into build/cuda-<release> of this
+    source tree (not into the environment), once; the compiler must be the release torch was built with.
     """
     import subprocess
 
@@ -190,7 +190,8 @@ def _pip_cuda_home(torch):
     if not os.path.lexists(os.path.join(home, "lib64")):
         os.symlink("lib", os.path.join(home, "lib64"))
     nvcc = next(importlib.metadata.distributions(name="nvidia-cuda-nvcc", path=[folder]), None)
-    return home, f"nvcc {nvcc.version if nvcc else release} of pip's nvidia-cuda-nvcc (no CUDA toolkit found) in {folder}"
+    version = nvcc.version if nvcc else release
+    return home, f"nvcc {version} of pip's nvidia-cuda-nvcc (no CUDA toolkit found) in {folder}"
 
 
 def _find_compiler(torch, with_cuda, why):
@@ -201,6 +202,9 @@ def _find_compiler(torch, with_cuda, why):
     if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
         home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
         return True, why, f"nvcc {_nvcc_release(os.path.join(home, 'bin', 'nvcc'))} of the toolkit at {home}"
+    nvcc = shutil.which("nvcc")
+    if nvcc:  # a toolkit elsewhere (conda's, say): torch takes CUDA_HOME from where its nvcc is
+        return True, why, f"nvcc {_nvcc_release(nvcc)} on PATH ({nvcc})"
     home, compiler = _pip_cuda_home(torch)
     if home is None:
         if os.environ.get("FORCE_CUDA") == "1":

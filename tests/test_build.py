@@ -1,5 +1,5 @@
-"""setup.py's choice of a CUDA compiler: a toolkit, else the package index's compiler of torch's CUDA release (CUDA 13
-on), else CPU kernels only with one line that says what to install. CI builds the suite's library with no toolkit in
+"""setup.py's choice of a CUDA compiler: a toolkit, else the package index's compiler of torch's CUDA release (CUDA
+13 on), else CPU kernels only with one line that says what to install. CI builds the suite's library with no toolkit in
 sight (.ci/run) and sets LUCID_REQUIRE_PIP_NVCC=1, which makes the first test require CUDA kernels from that compiler."""
 
 import os
@@ -41,8 +41,9 @@ def _torch(cuda, version):
     return types.SimpleNamespace(version=types.SimpleNamespace(cuda=cuda), __version__=version)
 
 
-def test_a_cuda_12_torch_with_no_toolkit_gets_cpu_kernels_and_what_to_install(monkeypatch):
+def test_a_cuda_12_torch_with_no_toolkit_gets_cpu_kernels_and_what_to_install(monkeypatch, tmp_path):
     setup = _setup_module()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc on it
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.delenv("FORCE_CUDA", raising=False)
@@ -60,6 +61,20 @@ def test_a_toolkit_is_used_where_there_is_one(monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     with_cuda, why, compiler = setup._find_compiler(_torch("13.0", "2.14.1+cu130"), True, "FORCE_CUDA=1")
     assert with_cuda and why == "FORCE_CUDA=1" and compiler == f"nvcc None of the toolkit at {tmp_path}"
+
+
+def test_an_nvcc_on_path_is_left_to_torch(monkeypatch, tmp_path):
+    """A toolkit that is neither CUDA_HOME nor /usr/local/cuda (conda's, say): torch takes it from the nvcc on PATH."""
+    setup = _setup_module()
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.8, V12.8.93'\n")
+    nvcc.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(nvcc.parent))
+    with_cuda, _, compiler = setup._find_compiler(_torch("12.8", "2.9.1+cu128"), True, "a GPU is visible")
+    assert with_cuda and compiler == f"nvcc 12.8 on PATH ({nvcc})" and "CUDA_HOME" not in os.environ
 
 
 def test_the_compiler_is_torchs_cuda_release():

@@ -11,8 +11,8 @@ Each release: patch() takes the assigner with rule set "8.0", and in three patch
 CPU kernel gives what the release's own assigner gives on that call's inputs, as the contract says for the CPU (the
 discrete outputs exactly, the scores to a relative 1e-6; bit for bit is the CUDA kernel's promise: the CPU's
 transcendental functions round by where an element falls in a vector, so on the CPU even the reference can differ
-from the peer by one unit in the last place). YOLOE's class count set at run time: tests/test_integration_ultralytics.py.
-Releases are installed as in tests/test_peer_releases.py (LUCID_PEER_RELEASES keeps them between runs)."""
+from the peer by one unit in the last place). YOLOE's class count set at run time: in
+tests/test_integration_ultralytics.py. Releases are installed by tests/peers.py (LUCID_PEER_RELEASES keeps them)."""
 
 import json
 import os
