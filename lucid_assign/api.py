@@ -625,9 +625,9 @@ def pad_targets(targets: torch.Tensor, batch_size: int, *, max_objects: int | No
     n = targets.shape[0]
     image = targets[:, 0]
     valid = (image >= 0) & (image < batch_size) & (image == image.floor())
-    index = torch.where(valid, image, 0).long()
+    index = torch.where(valid, image, batch_size).long()  # rows of no image: the spare image B
     counts = torch.zeros(batch_size + 1, dtype=torch.long, device=targets.device)
-    counts.index_add_(0, torch.where(valid, index, batch_size), torch.ones_like(index))
+    counts.index_add_(0, index, torch.ones_like(index))
     if check and n:  # reads the rows: on a GPU, one synchronisation
         if not bool(valid.all()):
             row = int((~valid).nonzero()[0, 0])
@@ -641,9 +641,9 @@ def pad_targets(targets: torch.Tensor, batch_size: int, *, max_objects: int | No
         on_host = targets.device.type == "cpu"
         max_objects = int(counts[:batch_size].max()) if on_host and batch_size and n else (0 if on_host else n)
     # each row's place in its image: rows sorted by image (stable), minus where its image starts
-    order = torch.sort(torch.where(valid, index, batch_size), stable=True).indices
+    order = torch.sort(index, stable=True).indices
     starts = counts.cumsum(0) - counts
-    image_of = torch.where(valid, index, batch_size)[order]
+    image_of = index[order]
     place = torch.arange(n, device=targets.device) - starts[image_of]
     # rows that do not fit (or have no image) go to a spare row and column, dropped below
     spare = (image_of == batch_size) | (place >= max_objects)

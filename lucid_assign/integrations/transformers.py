@@ -102,15 +102,12 @@ def layout(sizes: list, queries: int, groups: int, device) -> Layout:
     slot = np.arange(width)
     columns = np.minimum(starts[:, None] + np.minimum(slot[None], np.maximum(n - 1, 0)[:, None]), max(total - 1, 0))
     k = np.minimum(n, per_group)
-    pairs_width = min(per_group, width)
-    pairs, query_offset = [], []
-    for b in range(images):
-        for g in range(groups):
-            problem = b * groups + g
-            pairs.append(problem * pairs_width + np.arange(k[b]))
-            query_offset.append(np.full(k[b], g * per_group))
-    pairs = np.concatenate(pairs) if pairs else np.zeros(0, np.int64)
-    query_offset = np.concatenate(query_offset) if query_offset else np.zeros(0, np.int64)
+    # problem b * groups + g holds image b's group g; its k[b] matches come first in its row of the op's outputs
+    per_problem = np.repeat(k, groups)
+    first = np.repeat(np.arange(images * groups) * min(per_group, width), per_problem)
+    rank = np.arange(int(per_problem.sum())) - np.repeat(np.cumsum(per_problem) - per_problem, per_problem)
+    pairs = first + rank
+    query_offset = np.repeat(np.tile(np.arange(groups) * per_group, images), per_problem)
     packed = np.concatenate((columns.reshape(-1), pairs, query_offset)).astype(np.int64)
     parts = torch.from_numpy(packed).to(device, non_blocking=True).split([columns.size, len(pairs), len(pairs)])
     return Layout(parts[0].view(images, width), parts[1], parts[2], (k * groups).tolist())
