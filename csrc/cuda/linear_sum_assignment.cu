@@ -1,14 +1,16 @@
-// torch.ops.lucid.linear_sum_assignment on the GPU (docs/spec.md, "Linear sum assignment"). One warp solves one
-// problem with SciPy's shortest augmenting path: each step of the search scans the columns left in parallel (a lane
-// takes every 32nd column) and picks SciPy's column by a warp reduction in the order of lsap.h (chosen_before); the
-// steps between scans (SciPy's list of remaining columns, the duals, the flip along the path) are SciPy's.
+// torch.ops.lucid.linear_sum_assignment on the GPU (docs/spec.md, "Linear sum assignment"). One block solves one
+// problem with SciPy's shortest augmenting path: each step of the search scans the columns left in parallel and picks
+// SciPy's column by reductions in the order of lsap.h (chosen_before); the steps between scans (SciPy's list of
+// remaining columns, the duals, the flip along the path) are SciPy's.
 //
-// Two kernels. lsap_registers (up to 1,024 columns): each lane keeps its columns' state in registers (a compile-time
-// number of columns per lane), reads each row of the cost in the solver's orientation (a transposed copy for tall
-// problems, so that a warp's reads are contiguous), and settles each step with integer warp reductions. lsap_memory
-// (any size): the state in shared memory, or in a global workspace for problems too large for it. Before either, a
-// pass over every problem marks the ones holding NaN or -inf, as SciPy refuses them before it solves. Nothing is read
-// back to the host.
+// Two kernels. lsap_registers (up to 1,024 columns): a block of up to 8 warps, each thread keeping its columns' state
+// in registers (at most 4 columns), reads each row of the cost in the solver's orientation (a transposed copy for tall
+// problems, so that a warp's reads are contiguous); each step every warp settles its lanes by integer warp
+// reductions and the warps' winners meet in shared memory, one barrier a step. A step is a chain of dependent
+// instructions, so several warps (on the SM's four schedulers) with few columns each beat one warp with many.
+// lsap_memory (any size): one warp, the state in shared memory, or in a global workspace for problems too large for
+// it. Before either, a pass over every problem marks the ones holding NaN or -inf, as SciPy refuses them before it
+// solves. Nothing is read back to the host.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -55,17 +57,17 @@ struct Costs {
 // The problem's columns (its width) and whether it is solved, before any solver runs: -1 pairs, and info for the
 // problems that end here (an empty one is solved, a size out of range is not, the check pass marked NaN or -inf).
 // Returns false when the solver has nothing to do.
-__device__ bool start_problem(int64_t b, int lane, int64_t R, int64_t C, const int64_t* sizes, int64_t K,
-                              int64_t* rows, int64_t* cols, int32_t* info, int64_t& width) {
-  for (int64_t k = lane; k < K; k += kWarp) rows[k] = cols[k] = -1;
+__device__ bool start_problem(int64_t b, int thread, int threads, int64_t R, int64_t C, const int64_t* sizes,
+                              int64_t K, int64_t* rows, int64_t* cols, int32_t* info, int64_t& width) {
+  for (int64_t k = thread; k < K; k += threads) rows[k] = cols[k] = -1;
   width = sizes ? sizes[b] : C;
   if (width < 0 || width > C) {
-    if (lane == 0) info[b] = lsap::kBadSize;
+    if (thread == 0) info[b] = lsap::kBadSize;
     return false;
   }
   if (info[b] == lsap::kInvalidEntry) return false;  // SciPy refuses NaN and -inf before it solves
   if (R == 0 || width == 0) {
-    if (lane == 0) info[b] = lsap::kSolved;
+    if (thread == 0) info[b] = lsap::kSolved;
     return false;
   }
   return true;
@@ -104,7 +106,7 @@ __device__ void write_transposed_pairs(int64_t nc, int lane, int64_t* rows, int6
   }
 }
 
-// ---- lsap_registers: up to 32 * L columns, each lane's in registers -------------------------------------------
+// ---- lsap_registers: up to 1,024 columns, each thread's in registers ------------------------------------------
 
 // The least of 32-bit values over the warp.
 __device__ __forceinline__ uint32_t warp_min(uint32_t x) {
@@ -149,43 +151,67 @@ __device__ __forceinline__ void put(V (&a)[L], int slot, V value) {
   }
 }
 
-// Shared memory of lsap_registers: the rows' duals and matches, and the row each column was reached from (written
-// only when a column's path gets shorter, read only along the augmenting path).
+// A warp's candidate for the step's column (its lanes' least in lsap::chosen_before's order), and the block's choice
+// among its warps' candidates.
+struct Candidate {
+  double cost;     // the column's shortest-path cost
+  uint32_t key;    // lsap::scan_key of the column
+  int32_t column;  // the column, in the solver's orientation
+  int32_t row;     // the row matched to it, -1 when free
+  int32_t unused;
+};
+
+constexpr int kMaxWarps = 8;  // lsap_registers' largest block: 256 threads
+
+// Shared memory of lsap_registers: the rows' duals and matches, two rounds of the warps' candidates, the row each
+// column was reached from (written only when a column's path gets shorter, read only along the augmenting path) and
+// the row matched to each column (written by the flip, read back into the threads' registers after it).
 struct RowState {
   double* u;
+  Candidate* candidates;  // (2, kMaxWarps): the rounds alternate, so one barrier a step keeps them apart
   int32_t* col4row;
   int32_t* path;
-  static int64_t bytes(int64_t nr, int64_t nc) { return (12 * nr + 4 * nc + 15) / 16 * 16; }
-  __device__ static RowState at(char* base, int64_t nr) {
+  int32_t* row4col;
+  static int64_t bytes(int64_t nr, int64_t nc) {
+    return (12 * nr + 2 * kMaxWarps * static_cast<int64_t>(sizeof(Candidate)) + 8 * nc + 15) / 16 * 16;
+  }
+  __device__ static RowState at(char* base, int64_t nr, int64_t nc) {
     RowState s;
     s.u = reinterpret_cast<double*>(base);
-    s.col4row = reinterpret_cast<int32_t*>(s.u + nr);
+    s.candidates = reinterpret_cast<Candidate*>(s.u + nr);
+    s.col4row = reinterpret_cast<int32_t*>(s.candidates + 2 * kMaxWarps);
     s.path = s.col4row + nr;
+    s.row4col = s.path + nc;
     return s;
   }
 };
 
+// One block of W warps (blockDim.x = 32 W) solves one problem of up to 32 W L columns: thread x keeps columns
+// x + 32 W k (k < L) in registers. Each step every warp reduces its lanes' columns, the warps' winners meet in shared
+// memory, and every thread takes the same least of them; so the warps of an SM's four schedulers share the scan.
 template <typename T, int L>
-__global__ void __launch_bounds__(kWarp) lsap_registers(const T* __restrict__ cost, const T* __restrict__ cost_t,
-                                                         int64_t R, int64_t C, const int64_t* __restrict__ sizes,
-                                                         int64_t K, int64_t* __restrict__ out_rows,
-                                                         int64_t* __restrict__ out_cols, int32_t* __restrict__ info) {
+__global__ void __launch_bounds__(kMaxWarps * kWarp)
+    lsap_registers(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
+                   const int64_t* __restrict__ sizes, int64_t K, int64_t* __restrict__ out_rows,
+                   int64_t* __restrict__ out_cols, int32_t* __restrict__ info) {
   extern __shared__ __align__(16) char smem[];
   const int64_t b = blockIdx.x;
-  const int lane = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid & (kWarp - 1), warp = tid / kWarp;
+  const int threads = blockDim.x, warps = threads / kWarp;
   int64_t* rows = out_rows + b * K;
   int64_t* cols = out_cols + b * K;
   int64_t width;
-  if (!start_problem(b, lane, R, C, sizes, K, rows, cols, info, width)) return;
+  if (!start_problem(b, tid, threads, R, C, sizes, K, rows, cols, info, width)) return;
   const bool transposed = lsap::solved_transposed(R, width);
   const int32_t nr = static_cast<int32_t>(transposed ? width : R), nc = static_cast<int32_t>(transposed ? R : width);
   const Costs<T> at(cost, cost_t, b, R, C, transposed);
-  const RowState s = RowState::at(smem, nr);
-  for (int32_t i = lane; i < nr; i += kWarp) {
+  const RowState s = RowState::at(smem, nr, nc);
+  for (int32_t i = tid; i < nr; i += threads) {
     s.u[i] = 0;
     s.col4row[i] = -1;
   }
-  // this lane's columns: lane + 32 k
+  for (int32_t t = tid; t < nc; t += threads) s.row4col[t] = -1;
+  // this thread's columns: tid + threads k
   double v[L], spc[L];
   int32_t pos[L], match[L];
 #pragma unroll
@@ -193,13 +219,14 @@ __global__ void __launch_bounds__(kWarp) lsap_registers(const T* __restrict__ co
     v[k] = 0;
     match[k] = -1;
   }
-  __syncwarp();
+  __syncthreads();
 
+  int32_t round = 0;
   for (int32_t cur = 0; cur < nr; ++cur) {
     // a new search: every column in SciPy's list (the last column first), at an infinite distance
 #pragma unroll
     for (int k = 0; k < L; ++k) {
-      const int32_t t = lane + kWarp * k;
+      const int32_t t = tid + threads * k;
       spc[k] = lsap::kInf;
       pos[k] = t < nc ? nc - 1 - t : kAbsent;
     }
@@ -210,7 +237,7 @@ __global__ void __launch_bounds__(kWarp) lsap_registers(const T* __restrict__ co
       const T* row = at.base + i * at.stride_s;
       T c[L];
 #pragma unroll
-      for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[(lane + kWarp * k) * at.stride_t] : T(0);
+      for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[(tid + threads * k) * at.stride_t] : T(0);
       double best = lsap::kInf;
       uint32_t best_key = lsap::kNoColumn;
       int best_slot = 0;
@@ -219,7 +246,7 @@ __global__ void __launch_bounds__(kWarp) lsap_registers(const T* __restrict__ co
         if (pos[k] < 0) continue;
         const double r = lsap::path_cost(min_val, static_cast<double>(c[k]), u_i, v[k]);
         if (r < spc[k]) {
-          s.path[lane + kWarp * k] = i;
+          s.path[tid + threads * k] = i;
           spc[k] = r;
         }
         const uint32_t key = lsap::scan_key(match[k] == -1, pos[k]);
@@ -229,30 +256,38 @@ __global__ void __launch_bounds__(kWarp) lsap_registers(const T* __restrict__ co
           best_slot = k;
         }
       }
-      const int winner = warp_winner(best, best_key);
-      min_val = __shfl_sync(kFull, best, winner);
+      Candidate* candidates = s.candidates + (round & 1) * kMaxWarps;
+      if (lane == warp_winner(best, best_key)) {
+        candidates[warp] = Candidate{best, best_key, tid + threads * best_slot, pick(match, best_slot), 0};
+      }
+      __syncthreads();
+      Candidate chosen = candidates[0];
+      for (int w = 1; w < warps; ++w) {
+        const Candidate other = candidates[w];
+        if (lsap::chosen_before(other.cost, other.key, chosen.cost, chosen.key)) chosen = other;
+      }
+      ++round;
+      min_val = chosen.cost;
       if (min_val == lsap::kInf) {  // every column left is out of reach
-        if (lane == 0) info[b] = lsap::kInfeasible;
+        if (tid == 0) info[b] = lsap::kInfeasible;
         return;
       }
-      const int32_t p = lsap::key_position(__shfl_sync(kFull, best_key, winner));
-      const int slot = __shfl_sync(kFull, best_slot, winner);
-      const int32_t matched_row = __shfl_sync(kFull, pick(match, slot), winner);
       // SciPy's removal: the last column of its list takes the chosen one's place
+      const int32_t p = lsap::key_position(chosen.key);
       --left;
 #pragma unroll
       for (int k = 0; k < L; ++k) {
         if (pos[k] == left) pos[k] = p;
       }
-      if (lane == winner) put(pos, slot, kOnTree);
-      if (matched_row == -1) {
-        sink = winner + kWarp * slot;
+      if (chosen.column % threads == tid) put(pos, chosen.column / threads, kOnTree);
+      if (chosen.row == -1) {
+        sink = chosen.column;
       } else {
-        i = matched_row;
+        i = chosen.row;
       }
     }
     // the duals: each column on the tree, and the row it brought onto the tree (all but row cur)
-    if (lane == 0) s.u[cur] += min_val;
+    if (tid == 0) s.u[cur] += min_val;
 #pragma unroll
     for (int k = 0; k < L; ++k) {
       if (pos[k] != kOnTree) continue;
@@ -260,41 +295,35 @@ __global__ void __launch_bounds__(kWarp) lsap_registers(const T* __restrict__ co
       if (match[k] >= 0) s.u[match[k]] += d;
       v[k] -= d;
     }
-    __syncwarp();
-    // the flip along the path from the sink back to row cur
-    int32_t j = sink;
-    while (true) {
-      const int32_t r = s.path[j];
-      const int32_t next = s.col4row[r];
-      if (lane == (j & (kWarp - 1))) put(match, j / kWarp, r);
-      __syncwarp();
-      if (lane == 0) s.col4row[r] = j;
-      __syncwarp();
-      j = next;
-      if (r == cur) break;
+    __syncthreads();
+    // the flip along the path from the sink back to row cur, then each thread's matches read back
+    if (tid == 0) {
+      int32_t j = sink;
+      while (true) {
+        const int32_t r = s.path[j];
+        s.row4col[j] = r;
+        const int32_t next = s.col4row[r];
+        s.col4row[r] = j;
+        j = next;
+        if (r == cur) break;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < L; ++k) {
+      const int32_t t = tid + threads * k;
+      if (t < nc) match[k] = s.row4col[t];
     }
   }
   if (!transposed) {
-    for (int32_t r = lane; r < nr; r += kWarp) {
+    for (int32_t r = tid; r < nr; r += threads) {
       rows[r] = r;
       cols[r] = s.col4row[r];
     }
-  } else {
-    // rounds of 32 consecutive columns: round k is every lane's slot k
-    int64_t written = 0;
-#pragma unroll
-    for (int k = 0; k < L; ++k) {
-      const int32_t m = match[k];
-      const unsigned ballot = __ballot_sync(kFull, m >= 0);
-      if (m >= 0) {
-        const int64_t at_k = written + __popc(ballot & ((1u << lane) - 1u));
-        rows[at_k] = lane + kWarp * k;
-        cols[at_k] = m;
-      }
-      written += __popc(ballot);
-    }
+  } else if (warp == 0) {
+    write_transposed_pairs(nc, lane, rows, cols, [&](int64_t r) { return s.row4col[r]; });
   }
-  if (lane == 0) info[b] = lsap::kSolved;
+  if (tid == 0) info[b] = lsap::kSolved;
 }
 
 // ---- lsap_memory: any size, the state in memory -------------------------------------------------------------
@@ -355,7 +384,7 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
   int64_t* rows = out_rows + b * K;
   int64_t* cols = out_cols + b * K;
   int64_t width;
-  if (!start_problem(b, lane, R, C, sizes, K, rows, cols, info, width)) return;
+  if (!start_problem(b, lane, kWarp, R, C, sizes, K, rows, cols, info, width)) return;
   const bool transposed = lsap::solved_transposed(R, width);
   const int64_t nr = transposed ? width : R, nc = transposed ? R : width;
   const Costs<T> at(cost, cost_t, b, R, C, transposed);
@@ -480,7 +509,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_sum_assignment_cuda(const 
     const bool some_tall = d.R > 1 && (sizes.has_value() || d.C < d.R);
     const auto ct = some_tall ? c.transpose(-1, -2).contiguous() : at::Tensor();
     const int64_t nr = d.K, nc = std::max(d.R, d.C);
-    const int64_t lanes_columns = (nc + kWarp - 1) / kWarp;
     const auto stream = at::cuda::getCurrentCUDAStream();
     const int64_t* n_ptr = n.defined() ? n.data_ptr<int64_t>() : nullptr;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "linear_sum_assignment_cuda", [&] {
@@ -494,20 +522,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_sum_assignment_cuda(const 
         lsap_check_kernel<T><<<grid, kThreads, 0, stream>>>(c_ptr, d.B, d.R, d.C, n_ptr, info.data_ptr<int32_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
+      // up to 1,024 columns: W warps with up to L columns a thread, W growing first (2 columns a thread up to 512)
+      const int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
+      const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
       const auto launch_registers = [&](auto kernel) {
         const int64_t smem = RowState::bytes(nr, nc);
-        kernel<<<static_cast<unsigned>(d.B), kWarp, static_cast<size_t>(smem), stream>>>(
-            c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(),
-            info.data_ptr<int32_t>());
+        kernel<<<static_cast<unsigned>(d.B), static_cast<unsigned>(kWarp * warps), static_cast<size_t>(smem),
+                 stream>>>(c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(),
+                           info.data_ptr<int32_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
-      if (lanes_columns <= 1) return launch_registers(lsap_registers<T, 1>);
-      if (lanes_columns <= 2) return launch_registers(lsap_registers<T, 2>);
-      if (lanes_columns <= 4) return launch_registers(lsap_registers<T, 4>);
-      if (lanes_columns <= 8) return launch_registers(lsap_registers<T, 8>);
-      if (lanes_columns <= 12) return launch_registers(lsap_registers<T, 12>);
-      if (lanes_columns <= 16) return launch_registers(lsap_registers<T, 16>);
-      if (lanes_columns <= 20) return launch_registers(lsap_registers<T, 20>);
+      if (per_thread <= 1) return launch_registers(lsap_registers<T, 1>);
+      if (per_thread <= 2) return launch_registers(lsap_registers<T, 2>);
+      if (per_thread <= 3) return launch_registers(lsap_registers<T, 3>);
+      if (per_thread <= 4) return launch_registers(lsap_registers<T, 4>);
       // wider problems: the state in shared memory, or in a global workspace when too large for it
       const int64_t state_bytes = State::bytes(nr, nc);
       const bool in_smem = state_bytes <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
