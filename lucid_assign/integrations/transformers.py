@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
-from torch.overrides import TorchFunctionMode
 
 from .. import api, ops
 
@@ -69,13 +68,44 @@ class _Cost(Exception):
         self.cost = cost
 
 
-class _TakeCost(TorchFunctionMode):
-    """Stops the matcher at ``Tensor.cpu`` of its 3-D cost and hands the cost over (local to this thread)."""
+_taking = threading.local()  # .on: this thread's patched forward waits for its matcher's cost
+_hook_users = 0  # patched forwards in flight (all threads) while Tensor.cpu is hooked
+_hook_saved = None  # what torch.Tensor itself defined as cpu before the hook (None: nothing, TensorBase's)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is torch.Tensor.cpu and isinstance(args[0], torch.Tensor) and args[0].dim() == 3:
-            raise _Cost(args[0])
-        return func(*args, **(kwargs or {}))
+
+def _cpu_or_take(self, *args, **kwargs):
+    """Tensor.cpu while a patched forward runs somewhere: in the thread of that forward, the matcher's 3-D cost is
+    taken at its copy to the host, not copied; every other call is torch's own."""
+    if getattr(_taking, "on", False) and self.dim() == 3:
+        _taking.on = False
+        raise _Cost(self)
+    return torch._C.TensorBase.cpu(self, *args, **kwargs) if _hook_saved is None else _hook_saved(self, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _take_cost():
+    """Stops this thread's matcher at Tensor.cpu of its 3-D cost (raising _Cost). Tensor.cpu is hooked only while a
+    patched forward runs: one Python call on each copy to the host, where a torch function mode would intercept every
+    tensor operation of the matcher (over a hundred a call, about as much host time as the operations themselves)."""
+    global _hook_users, _hook_saved
+    with _state:
+        if _hook_users == 0:
+            _hook_saved = vars(torch.Tensor).get("cpu")
+            torch.Tensor.cpu = _cpu_or_take
+        _hook_users += 1
+    _taking.on = True
+    try:
+        yield
+    finally:
+        _taking.on = False
+        with _state:
+            _hook_users -= 1
+            if _hook_users == 0:
+                if _hook_saved is None:
+                    del torch.Tensor.cpu
+                else:
+                    torch.Tensor.cpu = _hook_saved
+                _hook_saved = None
 
 
 def _say_once(message: str) -> None:
@@ -91,6 +121,7 @@ class Layout(NamedTuple):
     pairs: torch.Tensor  # the flat places, in the op's (problems, K) outputs, of each image's matches in order
     query_offset: torch.Tensor  # per match: the first query of its group
     per_image: list  # matches per image
+    sizes: torch.Tensor  # (images * groups): the objects of each problem (image b's group g is problem b * groups + g)
 
 
 def layout(sizes: list, queries: int, groups: int, device) -> Layout:
@@ -108,9 +139,11 @@ def layout(sizes: list, queries: int, groups: int, device) -> Layout:
     rank = np.arange(int(per_problem.sum())) - np.repeat(np.cumsum(per_problem) - per_problem, per_problem)
     pairs = first + rank
     query_offset = np.repeat(np.tile(np.arange(groups) * per_group, images), per_problem)
-    packed = np.concatenate((columns.reshape(-1), pairs, query_offset)).astype(np.int64)
-    parts = torch.from_numpy(packed).to(device, non_blocking=True).split([columns.size, len(pairs), len(pairs)])
-    return Layout(parts[0].view(images, width), parts[1], parts[2], (k * groups).tolist())
+    sizes_per_problem = np.repeat(n, groups)
+    packed = np.concatenate((columns.reshape(-1), pairs, query_offset, sizes_per_problem)).astype(np.int64)
+    parts = torch.from_numpy(packed).to(device, non_blocking=True).split(
+        [columns.size, len(pairs), len(pairs), len(sizes_per_problem)])
+    return Layout(parts[0].view(images, width), parts[1], parts[2], (k * groups).tolist(), parts[3])
 
 
 def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto") -> list:
@@ -125,11 +158,10 @@ def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto
     padded = cost.gather(2, where.columns[:, None, :].expand(bs, nq, width))  # each image's objects first (exact)
     per_group = nq // groups
     problems = padded[:, : per_group * groups].reshape(bs * groups, per_group, width)
-    counts = torch.tensor([n for n in sizes for _ in range(groups)], dtype=torch.long)
     if api.resolve_backend(backend) == "reference":
-        rows, cols, _ = api.lsap.linear_sum_assignment(problems, counts)
+        rows, cols, _ = api.lsap.linear_sum_assignment(problems, where.sizes)
     else:
-        rows, cols, _ = ops.linear_sum_assignment(problems, counts)
+        rows, cols, _ = ops.linear_sum_assignment(problems, where.sizes)
     queries = (rows.reshape(-1)[where.pairs] + where.query_offset).split(where.per_image)
     objects = cols.reshape(-1)[where.pairs].split(where.per_image)
     return list(zip(queries, objects))
@@ -146,7 +178,7 @@ def _patched_forward(cls, own, spec: Matcher):
         if _verified.get(cls) is False or not _runs_here(outputs):
             return own(self, outputs, targets, *args, **kwargs)
         try:
-            with _TakeCost():
+            with _take_cost():
                 result = own(self, outputs, targets, *args, **kwargs)
         except _Cost as taken:
             cost = taken.cost
