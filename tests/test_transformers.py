@@ -2,6 +2,8 @@
 tiny config (no weights, no downloads), one training loss call unpatched and one patched, the same matches and the
 same loss and gradients, bit for bit; the grouped matching of LW-DETR and RF-DETR against SciPy's per-group loop."""
 
+from typing import Callable, NamedTuple
+
 import numpy as np
 import pytest
 import torch
@@ -34,41 +36,89 @@ def _detr_like(config_cls, model_cls, **more):
     return model_cls(config)
 
 
+def _lw_detr():
+    backbone = tf.LwDetrViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=64,
+                                  pretrain_image_size=64, patch_size=16, window_block_indices=[0], num_windows=4,
+                                  out_indices=[1, 2])
+    return tf.LwDetrForObjectDetection(tf.LwDetrConfig(
+        backbone_config=backbone, projector_scale_factors=[1.0], d_model=32, num_queries=12, group_detr=3,
+        decoder_layers=2, decoder_self_attention_heads=2, decoder_cross_attention_heads=2, decoder_ffn_dim=32,
+        decoder_n_points=2, num_labels=4))
+
+
+def _rf_detr(model_cls):
+    backbone = tf.RfDetrDinov2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=56,
+                                     patch_size=14, num_windows=2, out_indices=[1, 2])
+    return model_cls(tf.RfDetrConfig(
+        backbone_config=backbone, d_model=32, num_queries=12, group_detr=3, decoder_layers=2,
+        decoder_self_attention_heads=2, decoder_cross_attention_heads=2, decoder_ffn_dim=32, decoder_n_points=2,
+        num_labels=4))
+
+
+def _grounding_dino():
+    text = tf.BertConfig(vocab_size=1030, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=16, max_position_embeddings=32)  # its separators are token ids up to 1029
+    return tf.GroundingDinoForObjectDetection(tf.GroundingDinoConfig(
+        backbone_config=_resnet(), use_timm_backbone=False, use_pretrained_backbone=False, text_config=text,
+        d_model=32, num_queries=12, encoder_layers=1, decoder_layers=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_n_points=2, decoder_n_points=2,
+        max_text_len=16, num_feature_levels=3, auxiliary_loss=True))
+
+
+class Family(NamedTuple):
+    make: Callable
+    matcher: str
+    size: int = 64  # the images' side
+    masks: bool = False  # the labels hold masks (RF-DETR's segmentation)
+    text: bool = False  # the model takes a prompt (Grounding DINO: three phrases, one per class label used)
+
+
 FAMILIES = {
-    "DETR": (lambda: _detr_like(tf.DetrConfig, tf.DetrForObjectDetection, d_model=16), "HungarianMatcher"),
-    "Conditional DETR": (lambda: _detr_like(tf.ConditionalDetrConfig, tf.ConditionalDetrForObjectDetection,
-                                            d_model=16), "DeformableDetrHungarianMatcher"),
-    "Deformable DETR": (lambda: _detr_like(tf.DeformableDetrConfig, tf.DeformableDetrForObjectDetection, d_model=32,
-                                           encoder_n_points=2, decoder_n_points=2), "DeformableDetrHungarianMatcher"),
-    "RT-DETR": (lambda: tf.RTDetrForObjectDetection(tf.RTDetrConfig(
+    "DETR": Family(lambda: _detr_like(tf.DetrConfig, tf.DetrForObjectDetection, d_model=16), "HungarianMatcher"),
+    "Conditional DETR": Family(lambda: _detr_like(tf.ConditionalDetrConfig, tf.ConditionalDetrForObjectDetection,
+                                                  d_model=16), "DeformableDetrHungarianMatcher"),
+    "Deformable DETR": Family(lambda: _detr_like(tf.DeformableDetrConfig, tf.DeformableDetrForObjectDetection,
+                                                 d_model=32, encoder_n_points=2, decoder_n_points=2),
+                              "DeformableDetrHungarianMatcher"),
+    "RT-DETR": Family(lambda: tf.RTDetrForObjectDetection(tf.RTDetrConfig(
         num_labels=4, num_queries=12, d_model=32, encoder_hidden_dim=32, decoder_in_channels=[32, 32, 32],
         decoder_layers=2, encoder_layers=1, decoder_ffn_dim=32, encoder_ffn_dim=32, num_denoising=4)),
         "RTDetrHungarianMatcher"),
-    "D-FINE": (lambda: tf.DFineForObjectDetection(tf.DFineConfig(
+    "D-FINE": Family(lambda: tf.DFineForObjectDetection(tf.DFineConfig(
         num_labels=4, num_queries=12, d_model=32, encoder_hidden_dim=32, decoder_in_channels=[32, 32, 32],
         decoder_layers=2, encoder_ffn_dim=32, decoder_ffn_dim=32, num_denoising=4)), "RTDetrHungarianMatcher"),
+    "LW-DETR": Family(_lw_detr, "LwDetrHungarianMatcher"),
+    "RF-DETR": Family(lambda: _rf_detr(tf.RfDetrForObjectDetection), "LwDetrHungarianMatcher", size=56),
+    "RF-DETR segmentation": Family(lambda: _rf_detr(tf.RfDetrForInstanceSegmentation), "RfDetrHungarianMatcher",
+                                   size=56, masks=True),
+    "Grounding DINO": Family(_grounding_dino, "GroundingDinoHungarianMatcher", text=True),
 }
 
 
-def _labels(counts, seed=0, duplicate=True):
+def _labels(counts, seed=0, duplicate=True, masks=0):
     """Targets as the image processors give them (normalised cx cy w h), with an image without objects and two
-    identical objects (their columns tie: only SciPy's tie rules settle them)."""
+    identical objects (their columns tie: only SciPy's tie rules settle them); with masks of side ``masks``."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for k in counts:
         xy = 0.2 + 0.6 * torch.rand(k, 2, generator=g)
         wh = 0.05 + 0.3 * torch.rand(k, 2, generator=g)
-        boxes, cls = torch.cat([xy, wh], 1), torch.randint(0, 4, (k,), generator=g)
+        boxes, cls = torch.cat([xy, wh], 1), torch.randint(0, 4 if not masks else 3, (k,), generator=g)
+        target = {"class_labels": cls, "boxes": boxes}
+        if masks:
+            target["masks"] = (torch.rand(k, masks, masks, generator=g) > 0.5).float()
         if duplicate and k >= 2:
             boxes[1], cls[1] = boxes[0], cls[0]
-        out.append({"class_labels": cls, "boxes": boxes})
+            if masks:
+                target["masks"][1] = target["masks"][0]
+        out.append(target)
     return out
 
 
-def _loss(model, px, labels):
-    torch.manual_seed(1)  # dropout and the denoising queries draw the same numbers in both runs
+def _loss(model, inputs, labels):
+    torch.manual_seed(1)  # dropout, the denoising queries and the mask points draw the same numbers in both runs
     model.zero_grad(set_to_none=True)
-    out = model(pixel_values=px, labels=labels)
+    out = model(**inputs, labels=labels)
     out.loss.backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return out.loss.detach(), {k: v.detach() for k, v in out.loss_dict.items()}, grads
@@ -80,19 +130,25 @@ def test_each_family_gives_the_same_loss_patched(library, family, device, monkey
     """The CPU: the loss, its parts and the gradients, bit for bit. CUDA: every call's matches against the matcher's
     own on that call's inputs (the losses themselves are not reproducible there: DETR's class loss differs between two
     unpatched runs by a unit in the last place, and the deformable attention's backward adds with atomics)."""
-    make, matcher = FAMILIES[family]
+    spec = FAMILIES[family]
     torch.manual_seed(0)
-    model = make().to(device)
+    model = spec.make().to(device)
     model.train()
-    px = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2)).to(device)
-    labels = [{k: v.to(device) for k, v in t.items()} for t in _labels([3, 0, 6])]
-    plain = _loss(model, px, labels)
+    g = torch.Generator().manual_seed(2)
+    inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=g).to(device)}
+    if spec.text:  # [CLS] a . b . c . [SEP]: three phrases, the class labels 0-2
+        inputs["input_ids"] = torch.tensor([[101, 5, 1012, 7, 1012, 9, 1012, 102]] * 3, device=device)
+    labels = [{k: v.to(device) for k, v in t.items()}
+              for t in _labels([3, 0, 6], masks=spec.size if spec.masks else 0)]
+    if spec.text:
+        labels = [dict(t, class_labels=t["class_labels"] % 3) for t in labels]
+    plain = _loss(model, inputs, labels)
     if device == "cuda":  # every call checked as a first call is: against the matcher's own forward
         monkeypatch.setattr(lt, "_verified", type("EveryCall", (dict,), {"__contains__": lambda self, key: False})())
     with lt.patched("kernel"):
-        assert f"{matcher}: patched" in lt.patch_report()
-        ours = _loss(model, px, labels)
-        cls = next(c for c in lt._originals if c.__name__ == matcher)
+        assert f"{spec.matcher}: patched" in lt.patch_report()
+        ours = _loss(model, inputs, labels)
+        cls = next(c for c in lt._originals if c.__name__ == spec.matcher)
         assert lt._verified.get(cls) is True  # its first call (CUDA: every call) matched as the matcher's own
     if device == "cuda":
         return
@@ -140,17 +196,58 @@ def test_patch_report_unpatch_and_a_class_that_differs(library, monkeypatch):
     monkeypatch.setattr(lt, "match", lambda cost, sizes, groups=1, backend="auto": [
         (torch.arange(min(n, cost.shape[1]) - 1, -1, -1), torch.arange(min(n, cost.shape[1])))
         for n in sizes])
-    make, matcher = FAMILIES["DETR"]
+    make, matcher = FAMILIES["DETR"][:2]
     torch.manual_seed(0)
     model = make()
     model.train()
-    px, labels = torch.rand(2, 3, 64, 64), _labels([3, 4])
-    plain = _loss(model, px, labels)
+    inputs, labels = {"pixel_values": torch.rand(2, 3, 64, 64)}, _labels([3, 4])
+    plain = _loss(model, inputs, labels)
     with lt.patched():
         with pytest.warns(FallbackWarning, match=f"the patched {matcher} matched differently"):
-            ours = _loss(model, px, labels)
+            ours = _loss(model, inputs, labels)
         assert f"{matcher}: left to transformers (its first call matched differently)" in lt.patch_report()
     assert torch.equal(plain[0], ours[0])
+
+
+def test_the_cost_is_taken_only_in_the_patched_forwards_thread():
+    """Tensor.cpu is hooked only while a patched forward runs, and there only for that forward's thread: another
+    thread's copies to the host are torch's own, and the hook is gone afterwards."""
+    import threading
+
+    cost = torch.rand(2, 3, 4)
+    seen = {}
+
+    def other_thread():
+        seen["other"] = cost.cpu()  # 3-D, in another thread, while the hook is installed
+
+    with pytest.raises(lt._Cost) as taken:
+        with lt._take_cost():
+            assert "cpu" in vars(torch.Tensor)
+            worker = threading.Thread(target=other_thread)
+            worker.start()
+            worker.join()
+            cost.cpu()
+    assert taken.value.cost is cost and torch.equal(seen["other"], cost)
+    assert "cpu" not in vars(torch.Tensor) and torch.Tensor.cpu is torch._C.TensorBase.cpu
+
+
+def test_a_checked_call_leaves_the_random_generators_as_unpatched():
+    """RF-DETR's mask cost draws random points: the check at the first call runs the matcher twice, and must neither
+    see two different costs nor leave the generators elsewhere than an unpatched call does."""
+    spec = FAMILIES["RF-DETR segmentation"]
+    torch.manual_seed(0)
+    model = spec.make()
+    model.train()
+    inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(2))}
+    labels = _labels([3, 0, 6], masks=spec.size)
+    _loss(model, inputs, labels)
+    after_plain = torch.random.get_rng_state()
+    with lt.patched("kernel"):
+        _loss(model, inputs, labels)
+        after_patched = torch.random.get_rng_state()
+        cls = next(c for c in lt._originals if c.__name__ == spec.matcher)
+        assert lt._verified.get(cls) is True
+    assert torch.equal(after_plain, after_patched)
 
 
 def test_patch_refuses_an_unknown_backend():

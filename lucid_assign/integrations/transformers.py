@@ -177,20 +177,25 @@ def _patched_forward(cls, own, spec: Matcher):
     def forward(self, outputs, targets, *args, **kwargs):
         if _verified.get(cls) is False or not _runs_here(outputs):
             return own(self, outputs, targets, *args, **kwargs)
+        checking = cls not in _verified
+        # A checked call runs the matcher twice, and a cost may draw random numbers (RF-DETR's mask points): the taken
+        # run draws from a copy of the generators, so that the matcher's own run draws the same numbers (the same
+        # cost) and leaves the generators as an unpatched call does.
+        generators = torch.random.fork_rng(devices=_cuda_devices(outputs)) if checking else contextlib.nullcontext()
         try:
-            with _take_cost():
+            with generators, _take_cost():
                 result = own(self, outputs, targets, *args, **kwargs)
         except _Cost as taken:
             cost = taken.cost
         else:  # it never copied a cost to the host: nothing to take over
             _verified[cls] = False
             _say_once(f"lucid-assign: transformers' {cls.__name__} copied no cost to the host; it runs as it is")
-            return result
+            return own(self, outputs, targets, *args, **kwargs) if checking else result
         groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
         sizes = [len(t[spec.sizes_key]) for t in targets]
         with torch.no_grad():
             ours = match(cost.detach(), sizes, groups, _backend)
-        if cls not in _verified:  # once per class and process: against the matcher's own forward
+        if checking:  # once per class and process: against the matcher's own forward
             theirs = own(self, outputs, targets, *args, **kwargs)
             _verified[cls] = _same(ours, theirs)
             if not _verified[cls]:
@@ -204,6 +209,12 @@ def _patched_forward(cls, own, spec: Matcher):
 
     forward.__lucid_patched__ = True
     return forward
+
+
+def _cuda_devices(outputs) -> list:
+    """The CUDA device of the matcher's inputs, as torch.random.fork_rng takes it (none on other devices)."""
+    logits = outputs.get("logits") if isinstance(outputs, dict) else None
+    return [logits.device] if isinstance(logits, torch.Tensor) and logits.device.type == "cuda" else []
 
 
 def _runs_here(outputs) -> bool:
