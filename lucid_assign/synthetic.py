@@ -127,16 +127,22 @@ def dota_like_batch(
     score_dtype=torch.float32,
     device="cpu",
     dense_sizes=None,
+    counts=None,
 ) -> dict:
     """A seeded batch: the six inputs of the assigner (keys as in ``assign``) plus ``stride`` and ``num_objects``.
 
-    ``objects`` is an int (every image has that many) or a (low, high) range drawn per image. Padding rows are
+    ``objects`` is an int (every image has that many) or a (low, high) range drawn per image; ``counts``, a list of
+    ``batch`` numbers, gives each image's count instead. Padding rows are
     zeros with ``mask_gt`` 0. Boxes are ``cx cy w h angle`` when ``obb`` else ``x1 y1 x2 y2``. With ``dense_sizes``
     (low, high) in pixels the scene is a dense one instead (see ``dense_batch``).
     """
     g = torch.Generator().manual_seed(seed)
-    lo, hi = (objects, objects) if isinstance(objects, int) else objects
-    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
+    if counts is None:
+        lo, hi = (objects, objects) if isinstance(objects, int) else objects
+        counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
+    elif len(counts) != batch:
+        raise ValueError(f"counts: one number per image, got {len(counts)} for a batch of {batch}")
+    counts = [int(n) for n in counts]
     n_max = max(counts) if counts else 0
     anc = anchor_points(img_size, strides, dtype=torch.float64)
     strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
@@ -195,8 +201,12 @@ def _frame(seed, batch, objects, img_size, strides):
     g = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
     randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    lo, hi = (objects, objects) if isinstance(objects, int) else objects
-    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
+    if counts is None:
+        lo, hi = (objects, objects) if isinstance(objects, int) else objects
+        counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
+    elif len(counts) != batch:
+        raise ValueError(f"counts: one number per image, got {len(counts)} for a batch of {batch}")
+    counts = [int(n) for n in counts]
     anc = anchor_points(img_size, strides, dtype=torch.float64)
     strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
     return g, rand, randn, counts, anc, strides_of
@@ -373,40 +383,51 @@ def corners(box) -> list:
 
 
 def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes: int = 3, objects=(2, 6),
-                       obb: bool = True, seed: int = 0, image_ext: str = "png") -> str:
+                       obb: bool = True, seed: int = 0, image_ext: str = "png", counts=None) -> str:
     """Write a synthetic dataset in the peer trainer's YOLO layout under ``folder`` and return its data YAML's path.
 
     ``images`` noise images of ``img_size`` pixels with DOTA-like objects (see dota_like_batch; corners clipped to
     the image), labels ``cls x1 y1 x2 y2 x3 y3 x4 y4`` (OBB) or ``cls cx cy w h`` (HBB), normalised; the same images
-    serve as the validation split (``image_ext`` "png" or "jpg"). Nothing is downloaded. Needs OpenCV (a
-    dependency of the peer)."""
+    serve as the validation split (``image_ext`` "png" or "jpg"). ``counts`` (one number per image) sets each image's
+    objects instead of ``objects``; the images are then drawn 16 at a time (chunk k from seed + k). Nothing is
+    downloaded. Needs OpenCV (a dependency of the peer)."""
     import os
 
     import cv2
 
-
     folder = os.path.abspath(os.fspath(folder))
     for split in ("images", "labels"):
         os.makedirs(os.path.join(folder, split, "train"), exist_ok=True)
-    batch = dota_like_batch(batch=images, img_size=img_size, num_classes=num_classes, objects=objects, obb=obb,
-                            seed=seed)
+    if counts is None:
+        chunks = [(0, dota_like_batch(batch=images, img_size=img_size, num_classes=num_classes, objects=objects,
+                                      obb=obb, seed=seed))]
+    else:
+        if len(counts) != images:
+            raise ValueError(f"counts: one number per image, got {len(counts)} for {images} images")
+        chunks = ((start, dota_like_batch(batch=len(counts[start:start + 16]), img_size=img_size,
+                                          num_classes=num_classes, obb=obb, seed=seed + start // 16,
+                                          counts=counts[start:start + 16]))
+                  for start in range(0, images, 16))
     g = torch.Generator().manual_seed(seed)
-    for i in range(images):
-        pixels = torch.randint(0, 256, (img_size, img_size, 3), generator=g, dtype=torch.uint8).numpy()
-        cv2.imwrite(os.path.join(folder, "images", "train", f"{i:05d}.{image_ext}"), pixels)
-        mask = batch["mask_gt"][i, :, 0].bool()
-        boxes = batch["gt_bboxes"][i][mask].double()
-        cls = batch["gt_labels"][i, :, 0][mask].long()
-        if obb:
-            coords = torch.tensor([[x for point in corners(box) for x in point] for box in boxes.tolist()],
-                                  dtype=torch.float64).reshape(-1, 8)
-        else:
-            x1, y1, x2, y2 = boxes.clamp(0, img_size).unbind(-1)
-            coords = torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), -1)
-        coords = (coords / img_size).clamp(0, 1)
-        lines = [" ".join([str(int(k))] + [f"{x:.6f}" for x in row]) for k, row in zip(cls.tolist(), coords.tolist())]
-        with open(os.path.join(folder, "labels", "train", f"{i:05d}.txt"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+    for start, batch in chunks:
+        for b in range(len(batch["num_objects"])):
+            i = start + b
+            pixels = torch.randint(0, 256, (img_size, img_size, 3), generator=g, dtype=torch.uint8).numpy()
+            cv2.imwrite(os.path.join(folder, "images", "train", f"{i:05d}.{image_ext}"), pixels)
+            mask = batch["mask_gt"][b, :, 0].bool()
+            boxes = batch["gt_bboxes"][b][mask].double()
+            cls = batch["gt_labels"][b, :, 0][mask].long()
+            if obb:
+                coords = torch.tensor([[x for point in corners(box) for x in point] for box in boxes.tolist()],
+                                      dtype=torch.float64).reshape(-1, 8)
+            else:
+                x1, y1, x2, y2 = boxes.clamp(0, img_size).unbind(-1)
+                coords = torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), -1)
+            coords = (coords / img_size).clamp(0, 1)
+            lines = [" ".join([str(int(k))] + [f"{x:.6f}" for x in row])
+                     for k, row in zip(cls.tolist(), coords.tolist())]
+            with open(os.path.join(folder, "labels", "train", f"{i:05d}.txt"), "w") as f:
+                f.write("\n".join(lines) + "\n")
     yaml = os.path.join(folder, "data.yaml")
     names = "\n".join(f"  {k}: class{k}" for k in range(num_classes))
     with open(yaml, "w") as f:

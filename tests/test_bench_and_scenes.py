@@ -2,6 +2,9 @@
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -98,3 +101,40 @@ def test_demo_runs(capsys):
                      "--device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "objects left with no positive" in text and "reference assign" in text
+
+
+def _fit_time():
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "fit_time.py")
+    spec = importlib.util.spec_from_file_location("fit_time", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return path, module
+
+
+def test_fit_recipes_object_counts():
+    _, fit_time = _fit_time()
+    counts = fit_time.object_counts(fit_time.RECIPES["dota-obb"].counts, 2001)
+    assert counts[0] == 1200 and 1 <= min(counts) and max(counts) <= 1500
+    assert 50 <= sorted(counts)[1000] <= 72  # a median near 60 (a log-normal's median is its exp(mu))
+    dense = fit_time.object_counts(fit_time.RECIPES["dense-obb"].counts, 50)
+    assert min(dense) >= 1000 and max(dense) <= 2000
+
+
+def test_fit_benchmark_runs_complete_fits_on_the_cpu(tmp_path, library):
+    """Two complete tiny fits, plain and patched, through the peer's trainer: the record, and the same final losses and
+    metrics (the benchmark exits 1 when they differ)."""
+    pytest.importorskip("ultralytics")
+    pytest.importorskip("cv2")
+    path, _ = _fit_time()
+    out = tmp_path / "fit.json"
+    run = subprocess.run([sys.executable, path, "--recipe", "dota-obb", "--device", "cpu", "--amp", "false",
+                          "--images", "4", "--imgsz", "64", "--epochs", "2", "--pairs", "1", "--workers", "0",
+                          "--folder", str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert [f["variant"] for f in record["fits"]] == ["plain", "patched"]
+    assert all(len(f["epochs"]) == 2 and len(f["waits"]) == 2 for f in record["fits"])
+    assert record["summary"]["identical"] and "IDENTICAL in every fit" in run.stdout
