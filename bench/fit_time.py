@@ -5,7 +5,7 @@
     python bench/fit_time.py --recipe dota-obb --device cpu --amp false --images 8 --imgsz 128 --epochs 2 --pairs 1
 
 Writes a synthetic dataset once (noise images, DOTA-like objects; nothing downloaded), then runs
-``YOLO("<model>.yaml").train(...)`` to the end, each fit in a process of its own: unpatched and after
+``YOLO("<model>.yaml").train(...)`` (``RTDETR(...)`` for RT-DETR) to the end, each fit in a process of its own: unpatched and after
 ``lucid_assign.integrations.ultralytics.patch()``, alternating (pair k starts with the plain fit when k is even, with
 the patched one when k is odd), at least --pairs pairs. Validation runs once, after the last epoch, as the trainer
 does with ``val=False``.
@@ -85,9 +85,10 @@ def fit(args) -> None:
         from lucid_assign.integrations import ultralytics as integ
 
         integ.patch(args.backend)
-    from ultralytics import YOLO
+    import ultralytics
 
-    model = YOLO(args.model)
+    # the peer builds its RT-DETR models with their own class (YOLO(...) does not take their YAML)
+    model = (ultralytics.RTDETR if "rtdetr" in os.path.basename(args.model) else ultralytics.YOLO)(args.model)
     waits, marks = [], {}
 
     def epoch_start(trainer):
