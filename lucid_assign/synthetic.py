@@ -201,12 +201,8 @@ def _frame(seed, batch, objects, img_size, strides):
     g = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
     randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
-    if counts is None:
-        lo, hi = (objects, objects) if isinstance(objects, int) else objects
-        counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
-    elif len(counts) != batch:
-        raise ValueError(f"counts: one number per image, got {len(counts)} for a batch of {batch}")
-    counts = [int(n) for n in counts]
+    lo, hi = (objects, objects) if isinstance(objects, int) else objects
+    counts = [lo + int(torch.randint(0, hi - lo + 1, (1,), generator=g)) for _ in range(batch)]
     anc = anchor_points(img_size, strides, dtype=torch.float64)
     strides_of = torch.cat([torch.full(((img_size // s) ** 2,), float(s), dtype=torch.float64) for s in strides])
     return g, rand, randn, counts, anc, strides_of
