@@ -84,6 +84,7 @@ class Layout(NamedTuple):
     pair: torch.Tensor
     offset: torch.Tensor
     matches: list  # matches per image: min(queries, objects)
+    sizes: torch.Tensor  # objects per image (the op's sizes)
 
 
 def layout(groups: list, queries: int, device) -> Layout:
@@ -97,10 +98,10 @@ def layout(groups: list, queries: int, device) -> Layout:
     pair_image = np.repeat(images, k)
     pair_slot = np.arange(int(k.sum())) - (np.cumsum(k) - k)[pair_image]
     width = min(queries, max(groups))
-    packed = np.concatenate((image, slot, pair_image * width + pair_slot, starts[pair_image]))
+    packed = np.concatenate((image, slot, pair_image * width + pair_slot, starts[pair_image], n))
     parts = torch.from_numpy(packed).to(device, non_blocking=True).split(
-        [len(image), len(slot), len(pair_slot), len(pair_slot)])
-    return Layout(*parts, matches=k.tolist())
+        [len(image), len(slot), len(pair_slot), len(pair_slot), len(n)])
+    return Layout(*parts[:4], matches=k.tolist(), sizes=parts[4])
 
 
 def _pad(flat: torch.Tensor, where: Layout, groups: list) -> torch.Tensor:
@@ -153,11 +154,10 @@ def match(cost: torch.Tensor, groups: list, backend: str, check: bool, where: La
     """Each image's matches of the padded cost, as the peer's matcher returns them: (queries ascending, objects'
     indices into the batch's concatenated objects)."""
     where = where or layout(groups, cost.shape[1], cost.device)
-    sizes = torch.tensor(groups, dtype=torch.long)
     if api.resolve_backend(backend) == "reference":
-        rows, cols, info = api.lsap.linear_sum_assignment(cost, sizes)
+        rows, cols, info = api.lsap.linear_sum_assignment(cost, where.sizes)
     else:
-        rows, cols, info = ops.linear_sum_assignment(cost, sizes)
+        rows, cols, info = ops.linear_sum_assignment(cost, where.sizes)
     if check:
         api.raise_unsolved(info)
     queries = rows.reshape(-1)[where.pair].split(where.matches)
