@@ -105,7 +105,7 @@ def fit(args) -> None:
     model.add_callback("on_train_batch_start", batch_start)
     model.add_callback("on_train_batch_end", batch_end)
     amp = {"false": False, "true": True}.get(args.amp.lower(), args.amp)
-    cache = {"false": False}.get(args.cache.lower(), args.cache)
+    cache = {"false": False, "true": True}.get(args.cache.lower(), args.cache)
     model.train(data=args.data, device=args.device, epochs=args.epochs, imgsz=args.imgsz, batch=args.batch,
                 workers=args.workers, cache=cache, amp=amp, plots=False, val=False, seed=0, deterministic=True,
                 project=args.project, name=args.name, exist_ok=True)
@@ -178,7 +178,7 @@ def main() -> int:
     p.add_argument("--pairs", type=int, default=3, help="pairs of fits, plain and patched (at least 1)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--cache", default="false", help="the peer's cache= (false, ram, disk)")
+    p.add_argument("--cache", default="false", help="the peer's cache= (false, true or ram, disk)")
     p.add_argument("--device", default="0", help="as the peer's device= takes it (0, cpu)")
     p.add_argument("--amp", default="bf16", help="the peer's amp= (bf16; false on the CPU)")
     p.add_argument("--backend", default="auto", help="patch()'s backend")
