@@ -29,18 +29,18 @@ Recipes (--images, --imgsz, --model and --classes override them):
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _runs import read_results, run_logged  # noqa: E402
 
 
 class Recipe(NamedTuple):
@@ -114,15 +114,6 @@ def fit(args) -> None:
 
 
 # ---- the benchmark (the parent process) -------------------------------------------------------------------------
-
-def read_results(results_csv: str) -> tuple:
-    """(each epoch's time, the last row without its time column) from the trainer's results.csv."""
-    with open(results_csv) as f:
-        rows = [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(f)]
-    total = [float(row["time"]) for row in rows]
-    epochs = [b - a for a, b in zip([0.0] + total[:-1], total)]
-    return epochs, {k: v for k, v in rows[-1].items() if k != "time"}
-
 
 def clean(epochs: list) -> list:
     """The epochs after the first (the start), and before the last (the final validation) when there are more
@@ -220,13 +211,8 @@ def main() -> int:
     for pair in range(args.pairs):
         for variant in ("plain", "patched") if pair % 2 == 0 else ("patched", "plain"):
             name = f"{variant}-{pair}"
-            t = time.time()
-            out = subprocess.run(base + ["--run", variant, "--name", name], capture_output=True, text=True)
-            wall = time.time() - t
-            with open(os.path.join(folder, f"{name}.log"), "w") as f:
-                f.write(out.stdout + out.stderr)
+            out, wall = run_logged(base + ["--run", variant, "--name", name], os.path.join(folder, f"{name}.log"))
             if out.returncode != 0:
-                print(out.stderr[-4000:])
                 return out.returncode
             epochs, final = read_results(os.path.join(project, name, "results.csv"))
             with open(os.path.join(project, name, "waits.json")) as f:

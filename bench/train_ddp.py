@@ -15,7 +15,6 @@ are clean. ``--cli`` also trains through ``lucid-assign yolo obb train ...`` (on
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import subprocess
 import sys
@@ -23,6 +22,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _runs import read_results, run_logged  # noqa: E402
 
 
 def train(args, variant: str) -> None:
@@ -37,12 +38,6 @@ def train(args, variant: str) -> None:
     YOLO(args.model).train(data=args.data, device=args.devices, epochs=args.epochs, imgsz=args.imgsz,
                            batch=args.batch, workers=args.workers, plots=False, val=False, amp=amp, seed=0,
                            project=args.project, name=variant, exist_ok=True)
-
-
-def epoch_times(results_csv: str) -> list:
-    with open(results_csv) as f:
-        total = [float(row["time"]) for row in csv.DictReader(f)]
-    return [b - a for a, b in zip([0.0] + total[:-1], total)]
 
 
 def evidence(log: str) -> dict:
@@ -92,15 +87,10 @@ def main() -> int:
             str(args.epochs), "--workers", str(args.workers), "--backend", args.backend, "--amp", args.amp]
     rows = []
     for variant in ("peer", "patched"):
-        t = time.time()
-        out = subprocess.run(base + ["--run", variant], env=env, capture_output=True, text=True)
-        wall = time.time() - t
-        with open(os.path.join(folder, f"{variant}.log"), "w") as f:
-            f.write(out.stdout + out.stderr)
+        out, wall = run_logged(base + ["--run", variant], os.path.join(folder, f"{variant}.log"), env)
         if out.returncode != 0:
-            print(out.stderr[-4000:])
             return out.returncode
-        times = epoch_times(os.path.join(project, variant, "results.csv"))
+        times = read_results(os.path.join(project, variant, "results.csv"))[0]
         rows.append((variant, wall, times))
         print(f"\n[{variant}] wall {wall:.1f} s, epochs: {', '.join(f'{x:.2f} s' for x in times)}")
         for who, lines in sorted(evidence(out.stderr).items()):

@@ -1,0 +1,30 @@
+"""What the bench scripts that train in child processes share: a logged run, and the trainer's results.csv."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import time
+
+
+def run_logged(cmd: list, log: str, env=None) -> tuple:
+    """Runs ``cmd``, writes its stdout and stderr to ``log``: (the completed process, its wall time in seconds). A
+    failed run prints the tail of its stderr."""
+    t = time.time()
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    wall = time.time() - t
+    with open(log, "w") as f:
+        f.write(out.stdout + out.stderr)
+    if out.returncode != 0:
+        print(out.stderr[-4000:])
+    return out, wall
+
+
+def read_results(results_csv: str) -> tuple:
+    """(each epoch's time, the last row without its time column) from the peer trainer's results.csv, whose time
+    column is cumulative."""
+    with open(results_csv) as f:
+        rows = [{k.strip(): v.strip() for k, v in row.items()} for row in csv.DictReader(f)]
+    total = [float(row["time"]) for row in rows]
+    epochs = [b - a for a, b in zip([0.0] + total[:-1], total)]
+    return epochs, {k: v for k, v in rows[-1].items() if k != "time"}
