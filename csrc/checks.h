@@ -15,6 +15,11 @@
 
 namespace lucid {
 
+// The floating-point dtypes the ops take: torch also counts float8 and float4 as floating point, which none takes.
+inline bool is_float_type(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
 // (B, M, 1) or (B, M): one value per object row.
 inline bool is_rows(const at::Tensor& t, int64_t B, int64_t M) {
   return (t.dim() == 3 && t.size(0) == B && t.size(1) == M && t.size(2) == 1) ||
@@ -98,8 +103,8 @@ inline PairDims check_pair_inputs(const at::Tensor& pd_scores, const at::Tensor&
   TORCH_CHECK_TYPE(scores_ok, "pd_scores must be float32, float16 or bfloat16 with float32 boxes, or float64 with ",
                    "float64 boxes; got ", st, " with ", box_t, " boxes");
   const auto lt = gt_labels.scalar_type();
-  TORCH_CHECK_TYPE(!at::isComplexType(lt) && lt != at::kBool, "gt_labels must hold class ids (float or integer), got ",
-                   lt);
+  TORCH_CHECK_TYPE(c10::isIntegralType(lt, /*includeBool=*/false) || is_float_type(lt),
+                   "gt_labels must hold class ids (integer, or float16 to float64), got ", lt);
   check_one_device(pd_scores, {&pd_bboxes, &gt_labels, &gt_bboxes});
   return {B, A, C, M, D};
 }
@@ -155,7 +160,7 @@ inline PairDims check_assign_args(const at::Tensor& pd_scores, const at::Tensor&
                     mask_gt.sizes());
   TORCH_CHECK_VALUE(num_classes == d.C, "num_classes is ", num_classes, " but pd_scores has ", d.C, " classes");
   const auto box_t = gt_bboxes.scalar_type(), anc_t = anc_points.scalar_type();
-  TORCH_CHECK_TYPE(anc_t == box_t || (c10::isFloatingType(anc_t) && c10::promoteTypes(anc_t, box_t) == box_t),
+  TORCH_CHECK_TYPE(anc_t == box_t || (is_float_type(anc_t) && c10::promoteTypes(anc_t, box_t) == box_t),
                    "anc_points must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", anc_t);
   check_one_device(pd_scores, {&anc_points, &mask_gt});
   TORCH_CHECK_VALUE(topk >= 1, "topk must be >= 1, got ", topk);
@@ -180,7 +185,7 @@ inline int64_t check_assign_pose_args(const PairDims& d, const at::Tensor& pd_sc
   TORCH_CHECK_VALUE(anc_strides.dim() == 1 && anc_strides.size(0) == d.A, "anc_strides must be (A,) with A = ", d.A,
                     ", got ", anc_strides.sizes());
   const auto st = anc_strides.scalar_type();
-  TORCH_CHECK_TYPE(c10::isFloatingType(st) && c10::promoteTypes(st, box_t) == box_t,
+  TORCH_CHECK_TYPE(is_float_type(st) && c10::promoteTypes(st, box_t) == box_t,
                    "anc_strides must have the dtype of gt_bboxes (", box_t, ") or a narrower float type, got ", st);
   TORCH_CHECK_VALUE(gt_kpts.dim() == 4 && gt_kpts.size(0) == d.B && gt_kpts.size(1) == d.M && gt_kpts.size(3) == 3,
                     "gt_kpts must be (B, M, K, 3) = (", d.B, ", ", d.M, ", K, 3), got ", gt_kpts.sizes());
@@ -190,8 +195,8 @@ inline int64_t check_assign_pose_args(const PairDims& d, const at::Tensor& pd_sc
   TORCH_CHECK_VALUE(pd_kpts.dim() == 4 && pd_kpts.size(0) == d.B && pd_kpts.size(1) == d.A && pd_kpts.size(2) == K &&
                         pd_kpts.size(3) == 2,
                     "pd_kpts must be (B, A, K, 2) = (", d.B, ", ", d.A, ", ", K, ", 2), got ", pd_kpts.sizes());
-  TORCH_CHECK_TYPE(c10::isFloatingType(pd_kpts.scalar_type()), "pd_kpts must be a floating-point tensor, got ",
-                   pd_kpts.scalar_type());
+  TORCH_CHECK_TYPE(is_float_type(pd_kpts.scalar_type()),
+                   "pd_kpts must be a float16, bfloat16, float32 or float64 tensor, got ", pd_kpts.scalar_type());
   TORCH_CHECK_TYPE(gt_kpts.scalar_type() == box_t, "gt_kpts must have the dtype of gt_bboxes (", box_t, "), got ",
                    gt_kpts.scalar_type());
   TORCH_CHECK_VALUE(sigmas.dim() == 1 && sigmas.size(0) == K, "sigmas must be (K,) = (", K, ",), got ", sigmas.sizes());
@@ -214,9 +219,9 @@ inline void check_assign_seg_args(const PairDims& d, const at::Tensor& pd_scores
   const int64_t nm = proto.size(1), mh = proto.size(2), mw = proto.size(3);
   TORCH_CHECK_VALUE(pd_coef.dim() == 3 && pd_coef.size(0) == d.B && pd_coef.size(1) == d.A && pd_coef.size(2) == nm,
                     "pd_coef must be (B, A, nm) = (", d.B, ", ", d.A, ", ", nm, "), got ", pd_coef.sizes());
-  TORCH_CHECK_TYPE(c10::isFloatingType(pd_coef.scalar_type()) && c10::isFloatingType(proto.scalar_type()),
-                   "pd_coef and proto must be floating-point tensors, got ", pd_coef.scalar_type(), " and ",
-                   proto.scalar_type());
+  TORCH_CHECK_TYPE(is_float_type(pd_coef.scalar_type()) && is_float_type(proto.scalar_type()),
+                   "pd_coef and proto must be float16, bfloat16, float32 or float64 tensors, got ",
+                   pd_coef.scalar_type(), " and ", proto.scalar_type());
   TORCH_CHECK_VALUE((mask_scale.dim() == 2 && mask_scale.size(0) == d.B && mask_scale.size(1) == 1) ||
                         (mask_scale.dim() == 1 && mask_scale.size(0) == d.B),
                     "mask_scale must be (B, 1) = (", d.B, ", 1), got ", mask_scale.sizes());
@@ -244,7 +249,7 @@ struct LsapDims {
 inline LsapDims check_linear_sum_assignment_args(const at::Tensor& cost, const std::optional<at::Tensor>& sizes) {
   TORCH_CHECK_VALUE(cost.dim() == 2 || cost.dim() == 3, "cost must be a matrix (R, C) or a batch of them (B, R, C), ",
                     "got ", cost.dim(), " dimensions ", cost.sizes());
-  TORCH_CHECK_TYPE(c10::isFloatingType(cost.scalar_type()),
+  TORCH_CHECK_TYPE(is_float_type(cost.scalar_type()),
                    "cost must be float32 or float64 (float16 and bfloat16 are widened exactly), got ",
                    cost.scalar_type());
   const bool batched = cost.dim() == 3;

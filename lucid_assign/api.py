@@ -104,6 +104,13 @@ def check_eps(eps) -> None:
 
 
 BOX_DTYPES = (torch.float32, torch.float64)  # the boxes every backend takes (anchors may be narrower: widened exactly)
+# The floating-point dtypes the API takes; torch also counts float8 and float4 as floating point, which none does.
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _require_float(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be a float16, bfloat16, float32 or float64 tensor, got {t.dtype}")
 
 
 def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, *, topk, topk2, num_classes, stride,
@@ -131,8 +138,7 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
         if _shape(t) != shape:
             raise ValueError(f"{name} must have shape {shape} (from pd_scores and gt_bboxes), got {_shape(t)}")
     for name in ("pd_scores", "pd_bboxes", "anc_points", "gt_bboxes"):
-        if not tensors[name].is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {tensors[name].dtype}")
+        _require_float(name, tensors[name])
     for name in ("pd_bboxes", "gt_bboxes"):
         if tensors[name].dtype not in BOX_DTYPES:
             raise TypeError(f"{name} must be float32 or float64, got {tensors[name].dtype}: half-precision boxes "
@@ -143,8 +149,9 @@ def check_inputs(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt
         raise ValueError(f"num_classes is {num_classes} but pd_scores has {n_cls} classes")
     if n_boxes > 0 and max(topk, topk2 or topk) > n_anchors:
         raise ValueError(f"topk ({topk}) and topk2 ({topk2}) must not exceed the number of anchors ({n_anchors})")
-    if gt_labels.is_complex() or gt_labels.dtype == torch.bool:
-        raise TypeError(f"gt_labels must hold class ids (float or integer), got {gt_labels.dtype}")
+    if gt_labels.is_complex() or gt_labels.dtype == torch.bool or (gt_labels.is_floating_point()
+                                                                   and gt_labels.dtype not in FLOAT_DTYPES):
+        raise TypeError(f"gt_labels must hold class ids (integer, or float16 to float64), got {gt_labels.dtype}")
     if read_values and pd_scores.device.type == "cpu":  # values can be read without a device synchronisation
         reference.check_labels(gt_labels, mask_gt.reshape(gt_labels.shape[:2]).bool(), num_classes)
 
@@ -161,8 +168,7 @@ def check_pose_inputs(pd_scores, gt_bboxes, anc_strides, pd_kpts, gt_kpts, sigma
     tensors = dict(zip(POSE_INPUTS, (anc_strides, pd_kpts, gt_kpts, sigmas)))
     _require_tensors(POSE_INPUTS, tensors.values())
     for name, t in tensors.items():
-        if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        _require_float(name, t)
     if gt_bboxes.shape[-1] != 4:
         raise ValueError(f"the pose assignment takes x1y1x2y2 boxes: gt_bboxes must be (B, M, 4), got "
                          f"{_shape(gt_bboxes)}")
@@ -187,8 +193,7 @@ def check_seg_inputs(pd_scores, gt_bboxes, pd_coef, mask_scale, proto, gt_masks)
     tensors = dict(zip(SEG_INPUTS, (pd_coef, mask_scale, proto, gt_masks)))
     _require_tensors(SEG_INPUTS, tensors.values())
     for name in ("pd_coef", "mask_scale", "proto"):
-        if not tensors[name].is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got {tensors[name].dtype}")
+        _require_float(name, tensors[name])
     if gt_masks.is_complex():
         raise TypeError(f"gt_masks must be bool or real (nonzero: inside the object), got {gt_masks.dtype}")
     if gt_bboxes.shape[-1] != 4:
@@ -223,7 +228,8 @@ def _autocast_on(t: torch.Tensor) -> bool:
 
 
 def _widens_exactly(narrow: torch.dtype, wide: torch.dtype) -> bool:
-    return narrow == wide or torch.promote_types(narrow, wide) == wide
+    return narrow == wide or (narrow in FLOAT_DTYPES and wide in FLOAT_DTYPES
+                               and torch.promote_types(narrow, wide) == wide)
 
 
 def device_unsupported(device: str) -> Reason | None:
@@ -615,8 +621,7 @@ def pad_targets(targets: torch.Tensor, batch_size: int, *, max_objects: int | No
     _require_tensors(("targets",), (targets,))
     if targets.dim() != 2 or targets.shape[1] not in (6, 7):
         raise ValueError(f"targets must be (N, 6) or (N, 7) rows of image index, class and box, got {_shape(targets)}")
-    if not targets.is_floating_point():
-        raise TypeError(f"targets must be floating point, got {targets.dtype}")
+    _require_float("targets", targets)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
         raise ValueError(f"batch_size must be an integer >= 0, got {batch_size!r}")
     if max_objects is not None and (isinstance(max_objects, bool) or not isinstance(max_objects, int)
@@ -668,7 +673,7 @@ def check_lsap_inputs(cost, sizes) -> None:
     if cost.dim() not in (2, 3):
         raise ValueError(f"cost must be a matrix (R, C) or a batch of them (B, R, C), got {cost.dim()} dimensions "
                          f"{_shape(cost)}")
-    if not cost.is_floating_point():
+    if cost.dtype not in FLOAT_DTYPES:
         raise TypeError(f"cost must be float32 or float64 (float16 and bfloat16 are widened exactly), got {cost.dtype}")
     if sizes is None:
         return
@@ -709,15 +714,19 @@ def raise_unsolved(info: torch.Tensor) -> None:
             raise ValueError(message if info.dim() == 0 or code == lsap.BAD_SIZE else f"cost[{b}]: {message}")
 
 
-def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, backend: str = "auto", check: bool = True):
+def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, maximize: bool = False, backend: str = "auto",
+                          check: bool = True):
     """The linear sum assignment (Hungarian matching): ``scipy.optimize.linear_sum_assignment`` on each problem, its
     choice exactly, ties included (docs/spec.md, "Linear sum assignment"), on the device of ``cost``.
 
     Args:
-        cost: (R, C) or a batch (B, R, C) of costs, float32 or float64 (float16 and bfloat16 are widened exactly);
-            +inf forbids a pair, NaN and -inf are refused.
+        cost: (R, C) or a batch (B, R, C) of costs, float32 or float64 (float16 and bfloat16 are widened exactly;
+            integer, bool and float8 costs are read as float64, as SciPy reads them); +inf forbids a pair, NaN and -inf
+            are refused.
         sizes: for a batch, the valid columns of each problem (problem b is ``cost[b, :, :sizes[b]]``, e.g. each
             image's objects): B integers, a list or a tensor on the CPU or on the device of ``cost``; None: all C.
+        maximize: match for the largest total, as SciPy's ``maximize=True``: the problem of the negated cost (so
+            -inf forbids a pair and +inf is refused).
         backend: "auto" (the compiled op where it has a kernel for the device, else the reference with a
             FallbackWarning), "kernel" or "reference", as for ``assign``.
         check: raise ValueError with SciPy's words when a problem holds NaN or -inf or has no complete matching that
@@ -729,6 +738,15 @@ def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, backend: str = "aut
         ascending). For a batch: (B, R) int64, the column matched to each row of each problem, -1 for none.
     """
     _require_tensors(("cost",), (cost,))
+    if cost.dtype not in FLOAT_DTYPES and not cost.is_complex():
+        # SciPy's reading of integer and bool costs (int64 rounds as NumPy rounds it); float8 widens exactly
+        try:
+            cost = cost.to(torch.float64)
+        except RuntimeError:  # a dtype torch cannot widen (packed float4)
+            raise TypeError(f"cost must be real numbers (float32 or float64; other real dtypes are widened to "
+                            f"float64), got {cost.dtype}") from None
+    if maximize:
+        cost = -cost  # exact in every float dtype; a new tensor, the caller's is left as it is
     if sizes is not None and not isinstance(sizes, torch.Tensor):
         sizes = torch.as_tensor(list(sizes), dtype=torch.long)  # on the CPU: checked at the call, no synchronisation
     if _lsap_choice(cost, backend) == "kernel":

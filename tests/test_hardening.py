@@ -68,6 +68,10 @@ BAD = {
     "label negative": (lambda x: _replace(x, 3, x[3].clone().fill_(-1.0)), {}, "gt_labels"),
     "half gt boxes": (lambda x: _replace(x, 4, x[4].half()), {}, "gt_bboxes"),
     "bfloat16 predictions": (lambda x: _replace(x, 1, x[1].bfloat16()), {}, "pd_bboxes"),
+    # torch counts float8 as floating point; no backend takes it
+    "float8 scores": (lambda x: _replace(x, 0, x[0].to(torch.float8_e4m3fn)), {}, "pd_scores"),
+    "float8 anchors": (lambda x: _replace(x, 2, x[2].to(torch.float8_e5m2)), {}, "anc_points"),
+    "float8 labels": (lambda x: _replace(x, 3, x[3].to(torch.float8_e4m3fn)), {}, "gt_labels"),
 }
 
 

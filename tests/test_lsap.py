@@ -26,12 +26,12 @@ def scipy_pairs(cost: torch.Tensor):
     return r.tolist(), c.tolist()
 
 
-def solve(backend, cost, sizes=None):
+def solve(backend, cost, sizes=None, **options):
     kind, device = backend
     if kind == "kernel":
         pytest.importorskip("lucid_assign._C", reason="compiled library not built")
     sizes_arg = sizes if sizes is None or isinstance(sizes, list) else sizes.to(device)
-    return api.linear_sum_assignment(cost.to(device), sizes_arg, backend=kind, check=False)
+    return api.linear_sum_assignment(cost.to(device), sizes_arg, backend=kind, check=False, **options)
 
 
 def problem(kind: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
@@ -116,15 +116,46 @@ def test_detr_sized_problems_equal_scipy(backend, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float64))
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn))
 def test_other_dtypes_are_widened_exactly(backend, dtype):
-    """float16 and bfloat16 costs are matched as SciPy matches their exact float64 values; float64 as it is."""
+    """float16 and bfloat16 costs are matched as SciPy matches their exact float64 values; float64 as it is; float8
+    (which the op does not take) widened to float64 by the API."""
     g = torch.Generator().manual_seed(3)
     cost = (torch.rand(3, 9, 6, generator=g) * 3).to(dtype)
     got = solve(backend, cost)
     for b in range(3):
         r, c = scipy_pairs(cost[b].double())
         assert [got[b, i].item() for i in r] == c
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", (torch.int64, torch.int32, torch.uint8, torch.bool, torch.float32))
+@pytest.mark.parametrize("maximize", (False, True), ids=("min", "max"))
+def test_maximize_and_integer_costs_as_scipy(backend, dtype, maximize):
+    """SciPy's other inputs: integer and bool costs (read as float64) and ``maximize=True`` (the negated problem),
+    tie-heavy, tall and wide, in a batch with ragged sizes; and with maximize, -inf forbids a pair and +inf is
+    refused, as SciPy has it."""
+    g = torch.Generator().manual_seed(11)
+    high = 2 if dtype == torch.bool else 7
+    for rows, cols in ((5, 8), (8, 5), (6, 6)):
+        cost = torch.randint(0, high, (3, rows, cols), generator=g).to(dtype)
+        if dtype == torch.int64:
+            cost[0, 0, 0] = 2**62 + 1  # above 2^53: rounded to float64 as NumPy rounds it
+        sizes = [cols, cols - 2, 0]
+        before = cost.clone()
+        got = solve(backend, cost, sizes, maximize=maximize)
+        assert torch.equal(cost, before)
+        for b in range(3):
+            want_r, want_c = scipy_optimize.linear_sum_assignment(cost[b, :, : sizes[b]].numpy(), maximize=maximize)
+            assert [got[b, i].item() for i in want_r] == want_c.tolist()
+            assert sorted(set(range(rows)) - set(want_r.tolist())) == (got[b] == -1).nonzero().flatten().tolist()
+    # with maximize, the infinities change roles: -inf is the forbidden pair, +inf the invalid entry
+    kind, device = backend
+    lowest = torch.tensor([[1.0, float("-inf")], [float("-inf"), 2.0]], device=device)
+    assert [t.tolist() for t in api.linear_sum_assignment(lowest, maximize=True, backend=kind)] == [[0, 1], [0, 1]]
+    assert scipy_optimize.linear_sum_assignment(lowest.cpu().numpy(), maximize=True)[1].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+        api.linear_sum_assignment(lowest.neg(), maximize=True, backend=kind)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -167,7 +198,7 @@ def test_bad_arguments_name_the_argument(backend):
     with pytest.raises(ValueError, match="cost must be a matrix"):
         call(torch.rand(1, 2, 3, 4, device=device))
     with pytest.raises(TypeError, match="cost must be float32 or float64"):
-        call(torch.ones(3, 3, dtype=torch.long, device=device))
+        call(torch.ones(3, 3, dtype=torch.complex64, device=device))
     with pytest.raises(TypeError, match="cost must be a torch.Tensor"):
         call([[1.0, 2.0]])
     with pytest.raises(ValueError, match=r"sizes must be \(B,\)"):
@@ -180,6 +211,9 @@ def test_bad_arguments_name_the_argument(backend):
         call(cost, torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="sizes applies to a batch"):
         call(cost[0], [1])
+    if kind == "kernel":  # the op takes the four float dtypes; the API widens the others
+        with pytest.raises(TypeError, match="cost must be float32 or float64"):
+            lucid_assign.ops.linear_sum_assignment(cost.to(torch.float8_e4m3fn))
 
 
 @pytest.mark.parametrize("device", devices())

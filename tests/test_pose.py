@@ -259,10 +259,11 @@ def test_more_keypoints_than_the_kernels_take(library):
         (lambda x: x.__setitem__(8, x[8][..., :2]), "gt_kpts must be"),
         (lambda x: x.__setitem__(9, x[9][:5]), "sigmas must (have shape|be)"),
         (lambda x: x.__setitem__(6, x[6][:-1]), "anc_strides must (have shape|be)"),
-        (lambda x: x.__setitem__(6, x[6].long()), "anc_strides must (be a floating-point|have the dtype)"),
+        (lambda x: x.__setitem__(6, x[6].long()), "anc_strides must (be a float16|have the dtype)"),
+        (lambda x: x.__setitem__(7, x[7].to(torch.float8_e4m3fn)), "pd_kpts must be a float16, bfloat16"),
         (lambda x: x.__setitem__(9, x[9].tolist()), "sigmas must be a torch.Tensor"),
     ],
-    ids=["pd_kpts", "gt_kpts", "sigmas", "anc_strides", "strides_dtype", "sigmas_type"],
+    ids=["pd_kpts", "gt_kpts", "sigmas", "anc_strides", "strides_dtype", "kpts_float8", "sigmas_type"],
 )
 @pytest.mark.parametrize("backend", ["auto", "reference"])
 def test_bad_inputs_name_the_argument(change, match, backend):

@@ -404,11 +404,13 @@ def test_inputs_not_modified(library, device):
         (lambda x: x.__setitem__(8, x[8][..., :5]), "gt_masks must be"),
         (lambda x: x.__setitem__(9, x[9][:, :1]), "gt_masks must be"),
         (lambda x: x.__setitem__(8, x[8][0]), "proto must be"),
-        (lambda x: x.__setitem__(7, x[7].long()), "mask_scale must be (a floating-point|float32)"),
+        (lambda x: x.__setitem__(7, x[7].long()), "mask_scale must be (a float16|float32)"),
+        (lambda x: x.__setitem__(6, x[6].to(torch.float8_e4m3fn)), "pd_coef (and proto )?must be (a )?float16"),
         (lambda x: x.__setitem__(8, x[8].double()), "pd_coef and proto must have one dtype"),
         (lambda x: x.__setitem__(9, x[9].tolist()), "gt_masks must be a torch.Tensor"),
     ],
-    ids=["pd_coef", "mask_scale", "mask_size", "mask_rows", "proto", "scale_dtype", "mixed_dtypes", "masks_type"],
+    ids=["pd_coef", "mask_scale", "mask_size", "mask_rows", "proto", "scale_dtype", "coef_float8", "mixed_dtypes",
+         "masks_type"],
 )
 @pytest.mark.parametrize("backend", ["auto", "reference"])
 def test_bad_inputs_name_the_argument(change, match, backend):
