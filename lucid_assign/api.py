@@ -13,6 +13,7 @@ by check_inputs here on the reference path, which has no checks of its own, and 
 from __future__ import annotations
 
 import math
+import operator
 import os
 import sys
 import warnings
@@ -69,6 +70,8 @@ def _require_tensors(names: Sequence[str], tensors: Sequence) -> None:
     for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got {t.layout}")
 
 
 def check_settings(*, topk, topk2, stride, eps, rules, level_range=None) -> None:
@@ -748,7 +751,7 @@ def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, maximize: bool = Fa
     if maximize:
         cost = -cost  # exact in every float dtype; a new tensor, the caller's is left as it is
     if sizes is not None and not isinstance(sizes, torch.Tensor):
-        sizes = torch.as_tensor(list(sizes), dtype=torch.long)  # on the CPU: checked at the call, no synchronisation
+        sizes = _sizes_tensor(sizes)  # on the CPU: checked at the call, no synchronisation
     if _lsap_choice(cost, backend) == "kernel":
         rows, cols, info = ops.linear_sum_assignment(cost, sizes)
     else:
@@ -760,6 +763,26 @@ def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, maximize: bool = Fa
         n = min(cost.shape)
         return rows[:n], cols[:n]
     return pairs_to_columns(rows, cols, cost.shape[1])
+
+
+def _sizes_tensor(sizes) -> torch.Tensor:
+    """``sizes`` given as a sequence (a list, a tuple, a NumPy array), as an int64 tensor on the CPU; every element
+    an integer (a bool, a float or anything else is refused, not truncated)."""
+    try:
+        values = list(sizes)
+    except TypeError:
+        raise TypeError(f"sizes must be B integers (a list or a tensor), got {type(sizes).__name__}") from None
+    for b, n in enumerate(values):
+        try:
+            if isinstance(n, bool):
+                raise TypeError
+            values[b] = operator.index(n)
+        except TypeError:
+            raise TypeError(f"sizes must hold integers (the valid columns of each problem), got sizes[{b}] = "
+                            f"{n!r}") from None
+        if not -(2**63) <= values[b] < 2**63:
+            raise ValueError(f"sizes[{b}] must be in [0, C], got {values[b]}")
+    return torch.tensor(values, dtype=torch.long)
 
 
 def pairs_to_columns(rows: torch.Tensor, cols: torch.Tensor, n_rows: int) -> torch.Tensor:

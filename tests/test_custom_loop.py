@@ -68,7 +68,7 @@ def test_pad_targets_refuses_bad_rows_and_settings():
     rows = _flat(2, [2, 3], 4, shuffle=False)
     with pytest.raises(ValueError, match=r"targets must be \(N, 6\) or \(N, 7\)"):
         lucid_assign.pad_targets(rows[:, :5], 2)
-    with pytest.raises(TypeError, match="targets must be floating point"):
+    with pytest.raises(TypeError, match="targets must be a float16, bfloat16, float32 or float64 tensor"):
         lucid_assign.pad_targets(rows.long(), 2)
     with pytest.raises(ValueError, match="batch_size must be an integer >= 0"):
         lucid_assign.pad_targets(rows, -1)

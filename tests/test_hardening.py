@@ -148,6 +148,9 @@ def test_non_tensor_input():
     inputs = _replace(make_problem(3, False), 5, [[1.0]])
     with pytest.raises(TypeError, match="mask_gt"):
         _functional(inputs)
+    inputs = make_problem(3, False)
+    with pytest.raises(TypeError, match="pd_scores must be a dense"):
+        _functional(_replace(inputs, 0, inputs[0].to_sparse()))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -209,6 +209,13 @@ def test_bad_arguments_name_the_argument(backend):
         call(cost, torch.tensor([-1, 0]))
     with pytest.raises(TypeError, match="sizes must hold integers"):
         call(cost, torch.tensor([1.0, 2.0]))
+    for not_integers in ([1.5, 2.0], [True, False], np.array([1.0, 2.0])):  # refused, not truncated
+        with pytest.raises(TypeError, match=r"sizes must hold integers .*got sizes\[0\]"):
+            call(cost, not_integers)
+    with pytest.raises(TypeError, match="sizes must be B integers"):
+        call(cost, 3)
+    with pytest.raises(TypeError, match="cost must be a dense"):
+        call(torch.eye(3).to_sparse())
     with pytest.raises(ValueError, match="sizes applies to a batch"):
         call(cost[0], [1])
     if kind == "kernel":  # the op takes the four float dtypes; the API widens the others
