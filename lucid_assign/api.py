@@ -695,11 +695,12 @@ def check_lsap_inputs(cost, sizes) -> None:
                 raise ValueError(f"sizes[{b}] must be in [0, C] = [0, {n_cols}], got {n}")
 
 
-def _lsap_choice(cost, backend: str) -> str:
+def _lsap_choice(backend: str, device: str) -> str:
+    """"kernel" or "reference" for a matching on this device type (a FallbackWarning, or an error for "kernel",
+    where the kernel cannot run)."""
     backend = resolve_backend(backend)
     if backend == "reference":
         return backend
-    device = cost.device.type
     why = device_unsupported(device)
     if why is None and not _library.has_kernel("linear_sum_assignment", device):
         why = Reason(f"the compiled library has no linear_sum_assignment kernel for {device} tensors",
@@ -752,7 +753,8 @@ def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, maximize: bool = Fa
         cost = -cost  # exact in every float dtype; a new tensor, the caller's is left as it is
     if sizes is not None and not isinstance(sizes, torch.Tensor):
         sizes = _sizes_tensor(sizes)  # on the CPU: checked at the call, no synchronisation
-    if _lsap_choice(cost, backend) == "kernel":
+    choose = _traced_lsap_choice if torch.compiler.is_compiling() else _lsap_choice
+    if choose(backend, cost.device.type) == "kernel":
         rows, cols, info = ops.linear_sum_assignment(cost, sizes)
     else:
         check_lsap_inputs(cost, sizes)
@@ -763,6 +765,10 @@ def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, maximize: bool = Fa
         n = min(cost.shape)
         return rows[:n], cols[:n]
     return pairs_to_columns(rows, cols, cost.shape[1])
+
+
+# As for assign: torch.compile traces the choice as its result (settled before the first call).
+_traced_lsap_choice = torch.compiler.assume_constant_result(_lsap_choice)
 
 
 def _sizes_tensor(sizes) -> torch.Tensor:

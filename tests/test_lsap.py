@@ -261,6 +261,23 @@ def test_op_outputs_and_opcheck(library):
         torch.library.opcheck(torch.ops.lucid.linear_sum_assignment.default, args)
 
 
+@pytest.mark.parametrize("device", devices())
+def test_the_api_compiles_with_fullgraph(library, device):
+    """lucid_assign.linear_sum_assignment with check=False (which reads nothing) under torch.compile(fullgraph=True):
+    the eager results, with sizes as a list or a tensor, maximize and an integer cost."""
+    g = torch.Generator().manual_seed(7)
+    cost = torch.randint(0, 4, (3, 12, 7), generator=g).to(device)
+    sizes = torch.tensor([7, 3, 0], device=device)
+
+    def match(c, s):
+        return (api.linear_sum_assignment(c, s, check=False), api.linear_sum_assignment(c, [7, 3, 0], check=False),
+                api.linear_sum_assignment(c.float(), s, maximize=True, check=False))
+
+    compiled = torch.compile(match, fullgraph=True)
+    for got, want in zip(compiled(cost, sizes), match(cost, sizes)):
+        assert torch.equal(got, want)
+
+
 @pytest.mark.cuda
 def test_cuda_sizes_out_of_range_are_reported_without_a_sync(library):
     """Sizes that live on the GPU are checked by the kernel: info 3 for the problem, and the API raises."""
