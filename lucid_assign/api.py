@@ -74,16 +74,44 @@ def _require_tensors(names: Sequence[str], tensors: Sequence) -> None:
             raise TypeError(f"{name} must be a dense (strided) tensor, got {t.layout}")
 
 
-def check_settings(*, topk, topk2, stride, eps, rules, level_range=None) -> None:
-    """Raise ValueError naming the argument for settings no backend takes (they are Python values: the op gets them
-    converted, so their messages are given here)."""
-    if int(topk) < 1:
+def _integer(name: str, value) -> int:
+    """``value`` as an int: an int, a NumPy integer or an integer tensor of one element; a bool, a float or anything
+    else is a TypeError naming the argument (the op would truncate what the reference refuses)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _real(name: str, value) -> float:
+    """``value`` as a float: a real number (a string is refused, not parsed)."""
+    try:
+        if isinstance(value, (str, bytes, complex)):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {value!r}") from None
+
+
+def check_settings(*, topk, topk2, num_classes, alpha, beta, stride, eps, rules, level_range=None) -> None:
+    """Raise ValueError or TypeError naming the argument for settings no backend takes (they are Python values: the
+    op gets them converted, so their messages are given here)."""
+    if _integer("topk", topk) < 1:
         raise ValueError(f"topk must be >= 1, got {topk}")
-    if topk2 is not None and int(topk2) < 1:
+    if topk2 is not None and _integer("topk2", topk2) < 1:
         raise ValueError(f"topk2 must be >= 1 (or None for topk), got {topk2}")
-    stride = list(stride)
-    if not stride or any(not (math.isfinite(float(s)) and float(s) > 0) for s in stride):
-        raise ValueError(f"stride must be a non-empty list of positive numbers, got {stride}")
+    _integer("num_classes", num_classes)
+    _real("alpha", alpha)
+    _real("beta", beta)
+    try:
+        stride = list(stride)
+        ok = bool(stride) and all(math.isfinite(_real("stride", s)) and float(s) > 0 for s in stride)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"stride must be a non-empty list of positive numbers, got {stride!r}")
     check_eps(eps)
     reference.check_rules(rules, topk, topk2)
     if level_range is not None:
@@ -439,8 +467,8 @@ def dispatch(task: _Task, box, extra, settings: dict, task_settings: dict, backe
     """The one dispatch of assign, assign_pose and assign_seg: the settings checked, the backend chosen, the call
     run. With ``on_unsupported``, a call the kernel cannot take under "auto" returns ``on_unsupported(why)`` (None
     then: the caller runs it elsewhere)."""
-    check_settings(topk=settings["topk"], topk2=settings["topk2"], stride=settings["stride"], eps=settings["eps"],
-                   rules=settings["rules"], **task_settings)
+    check_settings(**{k: settings[k] for k in ("topk", "topk2", "num_classes", "alpha", "beta", "stride", "eps",
+                                               "rules")}, **task_settings)
     if torch.compiler.is_compiling():
         _check_all(task, box, extra, settings, task_settings, read_values=False)
         choice = _traced_choice(backend, _support_key(task, box, extra))

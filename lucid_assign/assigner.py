@@ -44,7 +44,10 @@ class TaskAlignedAssigner(nn.Module):
         self.num_classes = num_classes
         self.alpha = alpha
         self.beta = beta
-        self.stride = list(stride) if stride is not None else [8, 16, 32]
+        try:
+            self.stride = list(stride) if stride is not None else [8, 16, 32]
+        except TypeError:
+            raise ValueError(f"stride must be a non-empty list of positive numbers, got {stride!r}") from None
         self.stride_val = stride_value(self.stride)
         self.eps = eps
 

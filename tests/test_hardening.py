@@ -62,6 +62,12 @@ BAD = {
     "topk 0": (lambda x: x, {"topk": 0}, "topk"),
     "topk2 0": (lambda x: x, {"topk2": 0}, "topk2"),
     "topk > anchors": (lambda x: x, {"topk": 10_000}, "topk"),
+    # settings of the wrong kind: the Python layer refuses what the op's conversion would truncate or the reference
+    # crash on (the op's schema types them itself: SETTINGS_KINDS)
+    "topk not an integer": (lambda x: x, {"topk": 10.5}, "topk"),
+    "topk2 bool": (lambda x: x, {"topk2": True}, "topk2"),
+    "num_classes float": (lambda x: x, {"num_classes": 7.0}, "num_classes"),
+    "stride a number": (lambda x: x, {"stride": 8}, "stride"),
     "stride empty": (lambda x: x, {"stride": []}, "stride"),
     "stride negative": (lambda x: x, {"stride": [-8, -16]}, "stride"),
     "label too large": (lambda x: _replace(x, 3, x[3].clone().fill_(7.0)), {}, "gt_labels"),
@@ -75,10 +81,15 @@ BAD = {
 }
 
 
+SETTINGS_KINDS = {"topk not an integer", "topk2 bool", "num_classes float", "stride a number"}
+
+
 @pytest.mark.parametrize("obb", [False, True], ids=["hbb", "obb"])
 @pytest.mark.parametrize("entry", ["functional", "module", "op"])
 @pytest.mark.parametrize("case", list(BAD))
 def test_invalid_input_names_the_argument(library, obb, entry, case):
+    if entry == "op" and case in SETTINGS_KINDS:
+        pytest.skip("the op's schema types its settings: torch's own error")
     change, kw, word = BAD[case]
     inputs = change(make_problem(1, obb, batch=2, n_boxes=6, pad_rows=1))
     fn = {"functional": _functional, "module": _module, "op": _op}[entry]
