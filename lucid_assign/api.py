@@ -85,6 +85,18 @@ def _integer(name: str, value) -> int:
         raise TypeError(f"{name} must be an integer, got {value!r}") from None
 
 
+def _count(name: str, value, alternatives: str) -> int:
+    """``value`` as an int >= 0 (an int, a NumPy integer or a one-element integer tensor), else a ValueError naming
+    the argument."""
+    try:
+        n = _integer(name, value)
+    except TypeError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{name} must be an integer >= 0{alternatives}, got {value!r}")
+    return n
+
+
 def _real(name: str, value) -> float:
     """``value`` as a float: a real number (a string is refused, not parsed)."""
     try:
@@ -653,11 +665,9 @@ def pad_targets(targets: torch.Tensor, batch_size: int, *, max_objects: int | No
     if targets.dim() != 2 or targets.shape[1] not in (6, 7):
         raise ValueError(f"targets must be (N, 6) or (N, 7) rows of image index, class and box, got {_shape(targets)}")
     _require_float("targets", targets)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-        raise ValueError(f"batch_size must be an integer >= 0, got {batch_size!r}")
-    if max_objects is not None and (isinstance(max_objects, bool) or not isinstance(max_objects, int)
-                                    or max_objects < 0):
-        raise ValueError(f"max_objects must be an integer >= 0 or None, got {max_objects!r}")
+    batch_size = _count("batch_size", batch_size, "")
+    if max_objects is not None:
+        max_objects = _count("max_objects", max_objects, " or None")
     n = targets.shape[0]
     image = targets[:, 0]
     valid = (image >= 0) & (image < batch_size) & (image == image.floor())

@@ -4,6 +4,7 @@ examples/train_obb.py, which trains an oriented-box detector with `torch.ops.luc
 import importlib.util
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -74,6 +75,12 @@ def test_pad_targets_refuses_bad_rows_and_settings():
         lucid_assign.pad_targets(rows, -1)
     with pytest.raises(ValueError, match="max_objects must be an integer >= 0"):
         lucid_assign.pad_targets(rows, 2, max_objects=2.5)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 0"):
+        lucid_assign.pad_targets(rows, True)
+    # NumPy integers and one-element integer tensors are integers
+    want = lucid_assign.pad_targets(rows, 2, max_objects=4)
+    got = lucid_assign.pad_targets(rows, np.int64(2), max_objects=torch.tensor(4))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
     with pytest.raises(ValueError, match=r"targets\[2, 0\] must be an image index in \[0, batch_size\) = \[0, 1\)"):
         lucid_assign.pad_targets(rows, 1)
     bad = rows.clone()
