@@ -275,12 +275,12 @@ def _widens_exactly(narrow: torch.dtype, wide: torch.dtype) -> bool:
                                and torch.promote_types(narrow, wide) == wide)
 
 
-def device_unsupported(device: str) -> Reason | None:
-    """Why the compiled assign cannot run on tensors of this device type at all, or None when it can."""
+def device_unsupported(device: str, op: str = "assign") -> Reason | None:
+    """Why the compiled ``op`` cannot run on tensors of this device type at all, or None when it can."""
     if not _library.loaded():
         return Reason(f"the compiled library is not loaded ({_library.LOAD_ERROR})", _library.LOAD_FIX)
-    if device not in ("cpu", "cuda") or not _library.has_kernel("assign", device):
-        return Reason(f"the compiled library has no assign kernel for {device} tensors", _rebuild_fix(device))
+    if device not in ("cpu", "cuda") or not _library.has_kernel(op, device):
+        return Reason(f"the compiled library has no {op} kernel for {device} tensors", _rebuild_fix(device))
     return None
 
 
@@ -739,10 +739,7 @@ def _lsap_choice(backend: str, device: str) -> str:
     backend = resolve_backend(backend)
     if backend == "reference":
         return backend
-    why = device_unsupported(device)
-    if why is None and not _library.has_kernel("linear_sum_assignment", device):
-        why = Reason(f"the compiled library has no linear_sum_assignment kernel for {device} tensors",
-                     _rebuild_fix(device))
+    why = device_unsupported(device, "linear_sum_assignment")
     return "kernel" if why is None else _fallback(backend, why, device)
 
 

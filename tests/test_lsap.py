@@ -237,7 +237,8 @@ def test_inputs_are_not_modified(library, device):
 
 def test_auto_falls_back_to_the_reference_with_a_warning(monkeypatch):
     """Under "auto", a device without a kernel runs the reference, said by a FallbackWarning."""
-    monkeypatch.setattr(api, "device_unsupported", lambda device: api.Reason("no kernel here (test)", "build it"))
+    monkeypatch.setattr(api, "device_unsupported",
+                        lambda device, op="assign": api.Reason("no kernel here (test)", "build it"))
     monkeypatch.setattr(api, "_warned", set())
     cost = torch.rand(4, 3)
     with pytest.warns(lucid_assign.FallbackWarning, match="no kernel here"):

@@ -222,7 +222,7 @@ def _runs_here(outputs) -> bool:
         return True
     logits = outputs.get("logits") if isinstance(outputs, dict) else None
     device = logits.device.type if isinstance(logits, torch.Tensor) else "cpu"
-    why = api.device_unsupported(device)
+    why = api.device_unsupported(device, "linear_sum_assignment")
     if why is not None:
         if _backend == "kernel":
             raise RuntimeError(f"backend='kernel' cannot run the matcher: {why}")

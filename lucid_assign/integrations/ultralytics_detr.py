@@ -203,7 +203,7 @@ class LucidHungarianMatcher(torch.nn.Module):
         if backend == "reference":
             return True
         device = pred_scores.device.type
-        why = api.device_unsupported(device)
+        why = api.device_unsupported(device, "linear_sum_assignment")
         if why is not None and backend == "kernel":
             raise RuntimeError(f"backend='kernel' cannot run the matcher: {why}")
         if why is not None:
