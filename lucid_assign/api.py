@@ -815,9 +815,7 @@ def _sizes_tensor(sizes) -> torch.Tensor:
         raise TypeError(f"sizes must be B integers (a list or a tensor), got {type(sizes).__name__}") from None
     for b, n in enumerate(values):
         try:
-            if isinstance(n, bool):
-                raise TypeError
-            values[b] = operator.index(n)
+            values[b] = _integer(f"sizes[{b}]", n)
         except TypeError:
             raise TypeError(f"sizes must hold integers (the valid columns of each problem), got sizes[{b}] = "
                             f"{n!r}") from None
