@@ -277,4 +277,57 @@ inline LsapDims check_linear_sum_assignment_args(const at::Tensor& cost, const s
   return {B, R, C, std::min(R, C), batched};
 }
 
+
+// torch.ops.lucid.rtdetr_cost: pred_bboxes (B, Q, 4) and pred_scores (B, Q, C) float, gt_bboxes (N, 4) float and
+// gt_cls (N,) integers (the batch's objects, image after image), sizes (B,) integers on the same device (the objects
+// of each image), width >= 0 (the output's columns), three gains, gamma >= 0 and l1_order 0 or 1 (detr_cost.h).
+// Sizes on the CPU are checked here; on the GPU a column without a valid object (its index past N, or its class
+// outside [0, C)) gets a NaN cost instead, which the solver refuses.
+struct DetrCostDims {
+  int64_t B, Q, C, N, W;
+};
+
+inline DetrCostDims check_rtdetr_cost_args(const at::Tensor& pred_bboxes, const at::Tensor& pred_scores,
+                                           const at::Tensor& gt_bboxes, const at::Tensor& gt_cls,
+                                           const at::Tensor& sizes, int64_t width, c10::ArrayRef<double> gains,
+                                           double gamma, int64_t l1_order) {
+  TORCH_CHECK_VALUE(pred_scores.dim() == 3, "pred_scores must be (B, Q, C), got ", pred_scores.sizes());
+  const int64_t B = pred_scores.size(0), Q = pred_scores.size(1), C = pred_scores.size(2);
+  TORCH_CHECK_VALUE(pred_bboxes.dim() == 3 && pred_bboxes.size(0) == B && pred_bboxes.size(1) == Q &&
+                        pred_bboxes.size(2) == 4,
+                    "pred_bboxes must be (B, Q, 4) = (", B, ", ", Q, ", 4) (cx, cy, w, h), got ", pred_bboxes.sizes());
+  TORCH_CHECK_VALUE(gt_bboxes.dim() == 2 && gt_bboxes.size(1) == 4, "gt_bboxes must be (N, 4) (cx, cy, w, h), got ",
+                    gt_bboxes.sizes());
+  const int64_t N = gt_bboxes.size(0);
+  TORCH_CHECK_VALUE(gt_cls.dim() == 1 && gt_cls.size(0) == N, "gt_cls must be (N,) = (", N,
+                    ",), one class per object, got ", gt_cls.sizes());
+  TORCH_CHECK_VALUE(sizes.dim() == 1 && sizes.size(0) == B, "sizes must be (B,) = (", B,
+                    ",), the objects of each image, got ", sizes.sizes());
+  for (const auto* t : {&pred_scores, &pred_bboxes, &gt_bboxes}) {
+    TORCH_CHECK_TYPE(is_float_type(t->scalar_type()),
+                     "pred_scores, pred_bboxes and gt_bboxes must be float16, bfloat16, float32 or float64, got ",
+                     t->scalar_type());
+  }
+  TORCH_CHECK_TYPE(c10::isIntegralType(gt_cls.scalar_type(), /*includeBool=*/false),
+                   "gt_cls must hold integers (class indices), got ", gt_cls.scalar_type());
+  TORCH_CHECK_TYPE(c10::isIntegralType(sizes.scalar_type(), /*includeBool=*/false),
+                   "sizes must hold integers (the objects of each image), got ", sizes.scalar_type());
+  TORCH_CHECK_VALUE(width >= 0, "width must be >= 0 (the cost's columns), got ", width);
+  TORCH_CHECK_VALUE(gains.size() == 3, "gains must be 3 numbers (class, bbox, giou), got ", gains.size());
+  TORCH_CHECK_VALUE(std::isfinite(gamma) && gamma >= 0, "gamma must be a finite number >= 0, got ", gamma);
+  TORCH_CHECK_VALUE(l1_order == 0 || l1_order == 1, "l1_order must be 0 (in turn) or 1 (in pairs), got ", l1_order);
+  check_one_device(pred_scores, {&pred_bboxes, &gt_bboxes, &gt_cls, &sizes});
+  if (sizes.is_cpu()) {
+    const auto v = sizes.to(at::kLong).contiguous();
+    const int64_t* p = v.data_ptr<int64_t>();
+    int64_t total = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(p[b] >= 0, "sizes[", b, "] must be >= 0, got ", p[b]);
+      total += p[b];
+    }
+    TORCH_CHECK_VALUE(total == N, "sizes must add up to N = ", N, " (gt_bboxes' objects), got ", total);
+  }
+  return {B, Q, C, N, width};
+}
+
 }  // namespace lucid

@@ -211,6 +211,33 @@ def linear_sum_assignment(cost: torch.Tensor, sizes: torch.Tensor | None = None)
     return torch.ops.lucid.linear_sum_assignment.default(cost, sizes)
 
 
+def rtdetr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: torch.Tensor, gt_cls: torch.Tensor,
+                sizes: torch.Tensor, width: int, gains, alpha: float, gamma: float, *, sanitize: bool = True,
+                l1_order: int = 1) -> torch.Tensor:
+    """The RT-DETR matching cost, ``torch.ops.lucid.rtdetr_cost`` (docs/spec.md, "RT-DETR matching cost"): the focal
+    class cost, the L1 and the generalised IoU of (cx, cy, w, h) boxes, weighted, in one pass with no host
+    synchronisation; on CUDA, equal bit for bit to the peer's chain of PyTorch operations on float32 tensors.
+
+    Args:
+        pred_bboxes: (B, Q, 4) and pred_scores (B, Q, C) logits, float (taken to float32 first, as the peer does).
+        gt_bboxes: (N, 4) float, gt_cls (N,) integers: the batch's objects, image after image.
+        sizes: (B,) integers on the same device, the objects of each image (they add up to N).
+        width: the output's columns (the largest count, as the peer pads).
+        gains: (class, bbox, giou); alpha, gamma: the focal cost's.
+        sanitize: NaN and infinite costs set to 0 (the peer's releases since 8.0.200).
+        l1_order: how the L1's four terms are added: 1 in pairs (PyTorch's CUDA sum), 0 in turn.
+
+    Returns:
+        (B, Q, width) float32: entry (b, q, j) the cost of query q of image b against its object j, or against the
+        peer's padding (a zero box of class 0) for j >= sizes[b]. A column whose object's class is outside [0, C),
+        or whose index falls past N (sizes on the GPU are not checked), is NaN.
+    """
+    _require("rtdetr_cost")
+    return torch.ops.lucid.rtdetr_cost.default(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, int(width),
+                                               [float(g) for g in gains], float(alpha), float(gamma),
+                                               sanitize=bool(sanitize), l1_order=int(l1_order))
+
+
 def _opt_float(x) -> float | None:
     return None if x is None else float(x)
 
@@ -277,6 +304,16 @@ if _library.loaded():
         k = torch.sym_min(rows, cols)
         pairs = cost.new_empty((*lead, k), dtype=torch.long)
         return pairs, torch.empty_like(pairs), cost.new_empty(lead, dtype=torch.int32)
+
+    @torch.library.register_fake("lucid::rtdetr_cost")
+    def _rtdetr_cost_fake(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, width, gains, alpha, gamma,
+                          sanitize=True, l1_order=1):
+        _one_device(pred_scores, pred_bboxes, gt_bboxes, gt_cls, sizes)
+        torch._check_value(pred_scores.dim() == 3,
+                           lambda: f"pred_scores must be (B, Q, C), got {tuple(pred_scores.shape)}")
+        torch._check_value(width >= 0, lambda: f"width must be >= 0, got {width}")
+        bs, queries = pred_scores.shape[:2]
+        return pred_scores.new_empty((bs, queries, width), dtype=torch.float32)
 
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .. import api, ops
+from .. import _library, api, ops
 from ._peer import first_module
 
 # Where the peer keeps the matcher (ops) and the losses that build it (loss), 8.0.1xx's vit package first.
@@ -194,10 +194,22 @@ class LucidHungarianMatcher(torch.nn.Module):
             return [(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long)) for _ in groups]
         with torch.no_grad():
             where = layout(groups, pred_scores.shape[1], pred_scores.device)
-            cost = matching_cost(self, variant, _peer_bbox_iou(), pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups,
-                                 where)
+            cost = self.cost(pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, where, backend)
             # without sanitising, the peer's SciPy refuses NaN and infinite costs: so do we (one synchronisation)
             return match(cost, groups, backend, check=not variant.sanitize, where=where)
+
+    def cost(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups: list, where: Layout, backend: str = "auto"):
+        """The peer's cost of one call, (bs, nq, max(groups)): in one pass (ops.rtdetr_cost) where the check on the
+        device allows it (_fused_order), else with the peer's operations (matching_cost)."""
+        variant = type(self).variant
+        order = _fused_order(self, variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend)
+        if order is None:
+            return matching_cost(self, variant, _peer_bbox_iou(), pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups,
+                                 where)
+        gain = self.cost_gain
+        return ops.rtdetr_cost(pred_bboxes.detach(), pred_scores.detach(), gt_bboxes, gt_cls, where.sizes, max(groups),
+                               (gain["class"], gain["bbox"], gain["giou"]), self.alpha, self.gamma,
+                               sanitize=variant.sanitize, l1_order=order)
 
     def _runs_here(self, pred_scores, backend: str) -> bool:
         if backend == "reference":
@@ -212,6 +224,70 @@ class LucidHungarianMatcher(torch.nn.Module):
             integ._say_once(f"lucid-assign: the patched {NAME} cannot run its kernel here ({why}), so these calls go "
                             f"to ultralytics' own matcher, at its speed. Fix: {api.kernel_fix(device, why)}")
         return why is None
+
+
+# --- the cost in one pass (torch.ops.lucid.rtdetr_cost) ----------------------------------------------------------
+# The op computes the peer's chain of float32 operations in one kernel (csrc/detr_cost.h). It is used on CUDA only,
+# where PyTorch's elementwise kernels and the op use the same math library, and only after a check on the device:
+# the first call with given settings computes a built-in batch both ways and keeps the op if its cost equals the
+# peer's operations' element for element with one of the L1's two summation orders (one synchronisation, once per
+# device and settings); otherwise the matcher keeps the peer's operations.
+_FUSED: dict = {}
+
+
+def _fused_batch(device):
+    """A built-in batch for the check: wide logits (saturated sigmoids), boxes that overlap, nest, touch and miss,
+    zero-sized boxes, duplicated objects, an image without objects, and a NaN."""
+    g = torch.Generator().manual_seed(1)
+    bs, nq, nc, groups = 4, 96, 7, [0, 9, 31, 96]
+    total = sum(groups)
+    pred = torch.rand(bs, nq, 4, generator=g) * 0.8 + 0.1
+    pred[..., 2:] *= torch.rand(bs, nq, 1, generator=g) ** 2
+    pred[0, :4, 2:] = 0.0
+    gt = torch.rand(total, 4, generator=g) * 0.8 + 0.1
+    gt[3] = gt[2]
+    gt[7, 2:] = 0.0
+    gt[10:20] = pred[2, 10:20]
+    logits = torch.randn(bs, nq, nc, generator=g) * 6
+    logits[1, :5] = torch.tensor([30.0, -30.0, 90.0, -90.0, 0.0])[:, None]
+    pred[3, 7, 1] = float("nan")
+    cls = torch.randint(0, nc, (total,), generator=g)
+    return [t.to(device) for t in (pred, logits, gt, cls)] + [groups]
+
+
+def _fused_order(m, variant: Variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend) -> int | None:
+    """The L1 summation order with which ops.rtdetr_cost gives matcher m's cost under variant on this call's device,
+    or None when the call keeps the peer's operations."""
+    device = pred_scores.device
+    float32 = (torch.float32,)
+    narrow = (torch.float32, torch.bfloat16, torch.float16)
+    eligible = (device.type == "cuda" and backend == "auto" and m.use_fl and _library.has_kernel("rtdetr_cost", "cuda")
+                and gt_bboxes.dtype in narrow and gt_bboxes.device == device and gt_cls.device == device
+                and tuple(gt_bboxes.shape) == (sum(groups), 4) and tuple(gt_cls.shape) == (sum(groups),)
+                and pred_bboxes.shape[-1] == 4
+                and (variant.widen or (pred_scores.dtype in float32 and pred_bboxes.dtype in float32)))
+    if not eligible:
+        return None
+    gain = m.cost_gain
+    key = (str(device), variant, float(m.alpha), float(m.gamma), float(gain["class"]), float(gain["bbox"]),
+           float(gain["giou"]))
+    if key not in _FUSED:
+        _FUSED[key] = _check_fused(m, variant, device)
+    return _FUSED[key]
+
+
+def _check_fused(m, variant: Variant, device) -> int | None:
+    pred, logits, gt, cls, groups = _fused_batch(device)
+    where = layout(groups, pred.shape[1], device)
+    gain = m.cost_gain
+    want = matching_cost(m, variant, _peer_bbox_iou(), pred, logits, gt, cls, groups, where)
+    for order in (1, 0):
+        got = ops.rtdetr_cost(pred, logits, gt, cls, where.sizes, max(groups),
+                              (gain["class"], gain["bbox"], gain["giou"]), m.alpha, m.gamma,
+                              sanitize=variant.sanitize, l1_order=order)
+        if _same_costs(got, want, groups, "padded"):
+            return order
+    return None
 
 
 def _peer_matcher_class():

@@ -1,0 +1,89 @@
+// The matching cost of the peer's RT-DETR matcher for one (query, object) pair (docs/spec.md, "RT-DETR matching
+// cost"), shared by the CPU and CUDA kernels of torch.ops.lucid.rtdetr_cost. Torch-free, header-only, host and device.
+//
+// The peer computes the cost as a chain of PyTorch operations on float32 tensors; each operation rounds its result.
+// This is the same chain, one rounding per operation (geometry.h), in the peer's order:
+//   p     = sigmoid(logit of the object's class) = 1 / (1 + exp(-logit))
+//   class = alpha * (1 - p)^gamma * -log(p + 1e-8) - (1 - alpha) * p^gamma * -log(1 - p + 1e-8)
+//   bbox  = |dx| + |dy| + |dw| + |dh|, the four terms added in `l1_order` (PyTorch's CUDA sum adds pairs)
+//   giou  = 1 - GIoU of the two (cx, cy, w, h) boxes, eps 1e-7
+//   cost  = gain_class * class + gain_bbox * bbox + gain_giou * giou; NaN and +-inf set to 0 when `sanitize`.
+// x^gamma is PyTorch's pow with a scalar exponent, which multiplies for gamma 2 and 3, takes the square root for 0.5
+// and calls powf otherwise. The functions exp, log and powf are the backend's library (CUDA's on the GPU); on the GPU
+// the cost equals the peer's bit for bit, on the CPU within the few ulps by which the C library's exp and log differ
+// from ATen's vectorised ones.
+#pragma once
+
+#include "geometry.h"
+
+namespace lucid {
+namespace detr {
+
+enum L1Order : int {
+  kL1Sequential = 0,  // ((dx + dy) + dw) + dh
+  kL1Pairwise = 1,    // (dx + dy) + (dw + dh)
+};
+
+struct CostSettings {
+  float gain_class, gain_bbox, gain_giou;
+  float alpha, one_minus_alpha;  // alpha and (1 - alpha), each rounded once from the caller's double
+  float gamma;
+  int l1_order;
+  bool sanitize;
+};
+
+// The settings as the peer's operations see them: each Python number rounded once to float32, 1 - alpha first
+// computed in double.
+inline CostSettings make_settings(double gain_class, double gain_bbox, double gain_giou, double alpha, double gamma,
+                                  bool sanitize, int l1_order) {
+  return {static_cast<float>(gain_class), static_cast<float>(gain_bbox), static_cast<float>(gain_giou),
+          static_cast<float>(alpha),      static_cast<float>(1.0 - alpha),  static_cast<float>(gamma),
+          l1_order,                       sanitize};
+}
+
+// PyTorch's x ** gamma for a float tensor and a scalar exponent.
+LUCID_HD float pow_scalar(float x, float gamma) {
+  using namespace geom;
+  if (gamma == 0.0f) return 1.0f;
+  if (gamma == 1.0f) return x;
+  if (gamma == 2.0f) return mul(x, x);
+  if (gamma == 3.0f) return mul(mul(x, x), x);
+  if (gamma == 0.5f) return sqrt_(x);
+  return pow_(x, gamma);
+}
+
+// The cost of the query with class logit `logit` and box `pd` (cx, cy, w, h) against the object with box `gt`.
+LUCID_HD float pair_cost(float logit, const float* pd, const float* gt, const CostSettings& s) {
+  using namespace geom;
+  const float tiny = static_cast<float>(1e-8), eps = static_cast<float>(1e-7);
+  // focal class cost
+  const float p = div(1.0f, add(1.0f, exp_(-logit)));
+  const float q = sub(1.0f, p);
+  const float neg = mul(mul(s.one_minus_alpha, pow_scalar(p, s.gamma)), -log_(add(q, tiny)));
+  const float pos = mul(mul(s.alpha, pow_scalar(q, s.gamma)), -log_(add(p, tiny)));
+  const float cost_class = sub(pos, neg);
+  // L1 distance of the (cx, cy, w, h) vectors
+  float d[4];
+  for (int k = 0; k < 4; ++k) d[k] = ::fabsf(sub(pd[k], gt[k]));
+  const float cost_bbox = s.l1_order == kL1Sequential ? add(add(add(d[0], d[1]), d[2]), d[3])
+                                                      : add(add(d[0], d[1]), add(d[2], d[3]));
+  // generalised IoU of the boxes as corners
+  const float pw = mul(pd[2], 0.5f), ph = mul(pd[3], 0.5f), gw = mul(gt[2], 0.5f), gh = mul(gt[3], 0.5f);
+  const float px1 = sub(pd[0], pw), px2 = add(pd[0], pw), py1 = sub(pd[1], ph), py2 = add(pd[1], ph);
+  const float gx1 = sub(gt[0], gw), gx2 = add(gt[0], gw), gy1 = sub(gt[1], gh), gy2 = add(gt[1], gh);
+  const float inter = mul(clamp_min(sub(min_(px2, gx2), max_(px1, gx1)), 0.0f),
+                          clamp_min(sub(min_(py2, gy2), max_(py1, gy1)), 0.0f));
+  const float uni = add(sub(add(mul(pd[2], pd[3]), mul(gt[2], gt[3])), inter), eps);
+  const float iou = div(inter, uni);
+  const float cw = sub(max_(px2, gx2), min_(px1, gx1)), ch = sub(max_(py2, gy2), min_(py1, gy1));
+  const float c_area = add(mul(cw, ch), eps);
+  const float cost_giou = sub(1.0f, sub(iou, div(sub(c_area, uni), c_area)));
+  const float cost =
+      add(add(mul(s.gain_class, cost_class), mul(s.gain_bbox, cost_bbox)), mul(s.gain_giou, cost_giou));
+  constexpr float kFloatMax = 3.402823466e+38f;
+  if (s.sanitize && !(::fabsf(cost) <= kFloatMax)) return 0.0f;  // NaN or +-inf
+  return cost;
+}
+
+}  // namespace detr
+}  // namespace lucid
