@@ -1,10 +1,13 @@
-"""What the bench scripts that train in child processes share: a logged run, and the trainer's results.csv."""
+"""What the bench scripts share: a logged run and the trainer's results.csv (those that train in child processes),
+and one call timed from an idle device (those that time single calls)."""
 
 from __future__ import annotations
 
 import csv
 import subprocess
 import time
+
+import torch
 
 
 def run_logged(cmd: list, log: str, env=None) -> tuple:
@@ -28,3 +31,18 @@ def read_results(results_csv: str) -> tuple:
     total = [float(row["time"]) for row in rows]
     epochs = [b - a for a, b in zip([0.0] + total[:-1], total)]
     return epochs, {k: v for k, v in rows[-1].items() if k != "time"}
+
+
+def sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device):
+    """Seconds of one call of fn from an idle device: until it returns, and to its end on the device."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    t1 = time.perf_counter()
+    sync(device)
+    return t1 - t0, time.perf_counter() - t0

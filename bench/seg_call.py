@@ -18,28 +18,14 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _runs import sync, timed  # noqa: E402
 from lucid_assign import bench, ops  # noqa: E402
 from lucid_assign.integrations import ultralytics as integ  # noqa: E402
-
-
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device):
-    """Seconds of one call of fn from an idle device: until it returns, and to its end on the device."""
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    t1 = time.perf_counter()
-    sync(device)
-    return t1 - t0, time.perf_counter() - t0
 
 
 def main(argv=None):
