@@ -315,7 +315,7 @@ inline DetrCostDims check_rtdetr_cost_args(const at::Tensor& pred_bboxes, const 
   TORCH_CHECK_VALUE(width >= 0, "width must be >= 0 (the cost's columns), got ", width);
   TORCH_CHECK_VALUE(gains.size() == 3, "gains must be 3 numbers (class, bbox, giou), got ", gains.size());
   TORCH_CHECK_VALUE(std::isfinite(gamma) && gamma >= 0, "gamma must be a finite number >= 0, got ", gamma);
-  TORCH_CHECK_VALUE(l1_order == 0 || l1_order == 1, "l1_order must be 0 (in turn) or 1 (in pairs), got ", l1_order);
+  TORCH_CHECK_VALUE(l1_order == 0 || l1_order == 1, "l1_order must be 0 (in turn) or 1 ((dx + dw) + (dy + dh)), got ", l1_order);
   check_one_device(pred_scores, {&pred_bboxes, &gt_bboxes, &gt_cls, &sizes});
   if (sizes.is_cpu()) {
     const auto v = sizes.to(at::kLong).contiguous();

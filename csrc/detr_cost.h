@@ -5,7 +5,8 @@
 // This is the same chain, one rounding per operation (geometry.h), in the peer's order:
 //   p     = sigmoid(logit of the object's class) = 1 / (1 + exp(-logit))
 //   class = alpha * (1 - p)^gamma * -log(p + 1e-8) - (1 - alpha) * p^gamma * -log(1 - p + 1e-8)
-//   bbox  = |dx| + |dy| + |dw| + |dh|, the four terms added in `l1_order` (PyTorch's CUDA sum adds pairs)
+//   bbox  = |dx| + |dy| + |dw| + |dh|, the four terms added in `l1_order` (PyTorch's CPU sum adds them in turn,
+//           its CUDA sum as (|dx| + |dw|) + (|dy| + |dh|))
 //   giou  = 1 - GIoU of the two (cx, cy, w, h) boxes, eps 1e-7
 //   cost  = gain_class * class + gain_bbox * bbox + gain_giou * giou; NaN and +-inf set to 0 when `sanitize`.
 // x^gamma is PyTorch's pow with a scalar exponent, which multiplies for gamma 2 and 3, takes the square root for 0.5
@@ -20,8 +21,8 @@ namespace lucid {
 namespace detr {
 
 enum L1Order : int {
-  kL1Sequential = 0,  // ((dx + dy) + dw) + dh
-  kL1Pairwise = 1,    // (dx + dy) + (dw + dh)
+  kL1Sequential = 0,   // ((dx + dy) + dw) + dh
+  kL1Interleaved = 1,  // (dx + dw) + (dy + dh), geometry.h's cuda_order_sum
 };
 
 struct CostSettings {
@@ -66,7 +67,7 @@ LUCID_HD float pair_cost(float logit, const float* pd, const float* gt, const Co
   float d[4];
   for (int k = 0; k < 4; ++k) d[k] = ::fabsf(sub(pd[k], gt[k]));
   const float cost_bbox = s.l1_order == kL1Sequential ? add(add(add(d[0], d[1]), d[2]), d[3])
-                                                      : add(add(d[0], d[1]), add(d[2], d[3]));
+                                                      : cuda_order_sum<float>(4, [&](int k) { return d[k]; });
   // generalised IoU of the boxes as corners
   const float pw = mul(pd[2], 0.5f), ph = mul(pd[3], 0.5f), gw = mul(gt[2], 0.5f), gh = mul(gt[3], 0.5f);
   const float px1 = sub(pd[0], pw), px2 = add(pd[0], pw), py1 = sub(pd[1], ph), py2 = add(pd[1], ph);

@@ -337,7 +337,7 @@ LUCID_HD T oks_exponent(T px, T py, T gx, T gy, T sigma2, T scale) {
 // of K elements: W lanes, W the largest power of two <= K; lane t holds term(t) + term(t + W) (when t + W < K); then
 // the lanes are added as a tree, lane t += lane t + o for o = W/2, W/4, ..., 1. The result is lane 0.
 template <typename T, typename Term>
-LUCID_HD T keypoint_sum(int K, Term term) {
+LUCID_HD T cuda_order_sum(int K, Term term) {
   T lane[32];
   int W = 1;
   while (W * 2 <= K) W *= 2;

@@ -225,7 +225,8 @@ def rtdetr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes:
         width: the output's columns (the largest count, as the peer pads).
         gains: (class, bbox, giou); alpha, gamma: the focal cost's.
         sanitize: NaN and infinite costs set to 0 (the peer's releases since 8.0.200).
-        l1_order: how the L1's four terms are added: 1 in pairs (PyTorch's CUDA sum), 0 in turn.
+        l1_order: how the L1's four terms are added: 1 as (dx + dw) + (dy + dh) (PyTorch's CUDA sum of four
+            values), 0 in turn (its CPU sum).
 
     Returns:
         (B, Q, width) float32: entry (b, q, j) the cost of query q of image b against its object j, or against the

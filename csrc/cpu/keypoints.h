@@ -93,7 +93,7 @@ struct PoseRows {
     const T* g = gk + row * K * 3;
     const float* p = pk + pred * K * 2;
     const T s = scale[row];
-    const T sum = geom::keypoint_sum<T>(static_cast<int>(K), [&](int k) {
+    const T sum = geom::cuda_order_sum<T>(static_cast<int>(K), [&](int k) {
       return geom::oks_term<T>(T(p[2 * k]), T(p[2 * k + 1]), g[3 * k], g[3 * k + 1], g[3 * k + 2], sig2[k], s);
     });
     return geom::oks_mean(sum, static_cast<int>(nvis[row]));

@@ -105,7 +105,7 @@ struct PoseView {
   __device__ float oks(int64_t row, int64_t p) const {
     const float* g = gt_kpts + row * K * 3;
     const float scale = rows[row].scale;
-    const float sum = geom::keypoint_sum<float>(K, [&](int k) {
+    const float sum = geom::cuda_order_sum<float>(K, [&](int k) {
       const float2 q = pd_kpts.load(p * K + k);
       return geom::oks_term<float>(q.x, q.y, __ldg(g + 3 * k), __ldg(g + 3 * k + 1), __ldg(g + 3 * k + 2),
                                    geom::oks_sigma2(__ldg(sigmas + k)), scale);
