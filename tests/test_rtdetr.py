@@ -141,6 +141,22 @@ def test_unpatch_restores_the_matcher(integ):
     assert integ.LucidHungarianMatcher.variant is None
 
 
+def test_a_matcher_built_while_patched_stays_lucid_assigns(integ, monkeypatch):
+    """A model built while patched keeps lucid-assign's matcher after unpatch(), as it keeps the patched assigners
+    (bench/train_step.py times models built in a patched() block): the matcher does not hand its calls to the peer."""
+    from ultralytics.models.utils import loss, ops
+
+    integ.patch()
+    ours, theirs = loss.HungarianMatcher(), ops.HungarianMatcher
+    integ.unpatch()
+    peer = ops.HungarianMatcher()
+    monkeypatch.setattr(ours, "_peer_matcher", None)  # a call handed to the peer would fail
+    inputs = matcher_inputs("cpu")
+    assert ours.variant is not None and theirs is not loss.HungarianMatcher
+    assert same_matches(ours(*inputs), peer(*inputs))
+    assert type(loss.HungarianMatcher()) is type(peer)  # one built now is the peer's
+
+
 def test_matcher_falls_back_to_the_peer_for_mask_costs(integ):
     """A call with the mask inputs of early releases is the peer's own matcher's (the peer raises or computes it)."""
     from ultralytics.models.utils import loss

@@ -168,19 +168,22 @@ def match(cost: torch.Tensor, groups: list, backend: str, check: bool, where: La
 class LucidHungarianMatcher(torch.nn.Module):
     """The peer's ``HungarianMatcher`` while patched: the peer's constructor and settings, the peer's cost, SciPy's
     matches from lucid-assign's batched op on the cost's device. Calls it does not reproduce (the mask cost of early
-    releases) go to the peer's own matcher, which it keeps."""
+    releases) go to the peer's own matcher, which it keeps. A matcher keeps the cost variant and backend that patch()
+    had set when it was built, as the patched assigners keep their rule sets: one built while patched stays
+    lucid-assign's after unpatch()."""
 
-    variant: Variant | None = None  # set by patch() for the installed release
+    variant: Variant | None = None  # set by patch() for the installed release; each instance takes it when built
     backend = "auto"
 
     def __init__(self, *args, **kwargs):
         super().__init__()
+        self.__dict__.update(variant=type(self).variant, backend=type(self).backend)
         peer = _peer_matcher_class()(*args, **kwargs)
         self.__dict__.update({k: v for k, v in vars(peer).items() if not k.startswith("_") and k != "training"})
         self.__dict__["_peer_matcher"] = peer  # not a submodule: a fallback, not part of the model
 
     def forward(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, gt_groups, masks=None, gt_mask=None):
-        variant, backend = type(self).variant, api.resolve_backend(type(self).backend)
+        variant, backend = self.variant, api.resolve_backend(self.backend)
         uses_masks = getattr(self, "with_mask", False) or masks is not None or gt_mask is not None
         if variant is None or uses_masks or not self._runs_here(pred_scores, backend):
             extra = {} if masks is None and gt_mask is None else dict(masks=masks, gt_mask=gt_mask)
@@ -201,7 +204,7 @@ class LucidHungarianMatcher(torch.nn.Module):
     def cost(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups: list, where: Layout, backend: str = "auto"):
         """The peer's cost of one call, (bs, nq, max(groups)): in one pass (ops.rtdetr_cost) where the check on the
         device allows it (_fused_order), else with the peer's operations (matching_cost)."""
-        variant = type(self).variant
+        variant = self.variant
         order = _fused_order(self, variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend)
         if order is None:
             return matching_cost(self, variant, _peer_bbox_iou(), pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups,
