@@ -125,7 +125,13 @@ class Layout(NamedTuple):
 
 
 def layout(sizes: list, queries: int, groups: int, device) -> Layout:
-    """The Layout of a cost with ``queries`` queries in ``groups`` groups against images of ``sizes`` objects."""
+    """The Layout of a cost with ``queries`` queries in ``groups`` groups against images of ``sizes`` objects. The last
+    few are kept (read-only tensors): the matcher calls of one training step share one, and its transfer."""
+    return _layout(tuple(int(s) for s in sizes), int(queries), int(groups), torch.device(device))
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(sizes: tuple, queries: int, groups: int, device: torch.device) -> Layout:
     n = np.asarray(sizes, dtype=np.int64)
     images, width, per_group = len(sizes), max(int(n.max()), 1), queries // groups
     starts = np.cumsum(n) - n

@@ -18,6 +18,7 @@ the version string, and leaves the matcher to the peer when none does, or when t
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import NamedTuple
 
@@ -88,7 +89,13 @@ class Layout(NamedTuple):
 
 
 def layout(groups: list, queries: int, device) -> Layout:
-    """The Layout of one call with ``groups[b]`` objects in image b and ``queries`` queries."""
+    """The Layout of one call with ``groups[b]`` objects in image b and ``queries`` queries. The last few are kept
+    (read-only tensors): the seven matcher calls of an RT-DETR step share one, and its transfer."""
+    return _layout(tuple(int(g) for g in groups), int(queries), torch.device(device))
+
+
+@functools.lru_cache(maxsize=8)
+def _layout(groups: tuple, queries: int, device: torch.device) -> Layout:
     n = np.asarray(groups, dtype=np.int64)
     images = np.arange(len(groups))
     starts = np.cumsum(n) - n
