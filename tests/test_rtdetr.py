@@ -53,6 +53,20 @@ def test_patched_matcher_gives_the_peers_matches(integ, device, dtype):
             assert got[0][0].device.type == device and got[0][0].dtype == torch.long
 
 
+def test_calls_alternating_object_counts(integ):
+    """Consecutive calls with other object counts per image (the kept layouts of earlier calls) each give the peer's
+    matches."""
+    from ultralytics.models.utils import loss, ops
+
+    theirs = ops.HungarianMatcher()
+    integ.patch()
+    ours = loss.HungarianMatcher()
+    assert type(ours) is not type(theirs)
+    for seed, groups in enumerate([(10, 0, 50), (3, 3, 3), (10, 0, 50), (0, 60, 1), (3, 3, 3)]):
+        inputs = matcher_inputs("cpu", seed=seed, groups=groups)
+        assert same_matches(ours(*inputs), theirs(*inputs))
+
+
 def rtdetr_loss_inputs(device, seed=0, layers=6, groups=(10, 0, 50, 3)):
     g = torch.Generator().manual_seed(seed)
     pred, logits, gt, cls, groups = matcher_inputs("cpu", seed=seed, groups=groups)
@@ -147,12 +161,12 @@ def test_a_matcher_built_while_patched_stays_lucid_assigns(integ, monkeypatch):
     from ultralytics.models.utils import loss, ops
 
     integ.patch()
-    ours, theirs = loss.HungarianMatcher(), ops.HungarianMatcher
+    ours = loss.HungarianMatcher()
     integ.unpatch()
     peer = ops.HungarianMatcher()
     monkeypatch.setattr(ours, "_peer_matcher", None)  # a call handed to the peer would fail
     inputs = matcher_inputs("cpu")
-    assert ours.variant is not None and theirs is not loss.HungarianMatcher
+    assert ours.variant is not None and type(ours) is not type(peer)
     assert same_matches(ours(*inputs), peer(*inputs))
     assert type(loss.HungarianMatcher()) is type(peer)  # one built now is the peer's
 
