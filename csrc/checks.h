@@ -280,7 +280,7 @@ inline LsapDims check_linear_sum_assignment_args(const at::Tensor& cost, const s
 
 // torch.ops.lucid.rtdetr_cost: pred_bboxes (B, Q, 4) and pred_scores (B, Q, C) float, gt_bboxes (N, 4) float and
 // gt_cls (N,) integers (the batch's objects, image after image), sizes (B,) integers on the same device (the objects
-// of each image), width >= 0 (the output's columns), three gains, gamma >= 0 and l1_order 0 or 1 (detr_cost.h).
+// of each image), width >= 0 (the output's columns), three gains, gamma >= 0 and l1_order 0 or 1 (detr_cost.h's L1Order).
 // Sizes on the CPU are checked here; on the GPU a column without a valid object (its index past N, or its class
 // outside [0, C)) gets a NaN cost instead, which the solver refuses.
 struct DetrCostDims {
@@ -315,7 +315,8 @@ inline DetrCostDims check_rtdetr_cost_args(const at::Tensor& pred_bboxes, const 
   TORCH_CHECK_VALUE(width >= 0, "width must be >= 0 (the cost's columns), got ", width);
   TORCH_CHECK_VALUE(gains.size() == 3, "gains must be 3 numbers (class, bbox, giou), got ", gains.size());
   TORCH_CHECK_VALUE(std::isfinite(gamma) && gamma >= 0, "gamma must be a finite number >= 0, got ", gamma);
-  TORCH_CHECK_VALUE(l1_order == 0 || l1_order == 1, "l1_order must be 0 (in turn) or 1 ((dx + dw) + (dy + dh)), got ", l1_order);
+  TORCH_CHECK_VALUE(l1_order == 0 || l1_order == 1,
+                    "l1_order must be 0 (in turn) or 1 ((dx + dw) + (dy + dh)), got ", l1_order);
   check_one_device(pred_scores, {&pred_bboxes, &gt_bboxes, &gt_cls, &sizes});
   if (sizes.is_cpu()) {
     const auto v = sizes.to(at::kLong).contiguous();
