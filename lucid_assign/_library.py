@@ -8,6 +8,7 @@ example to check that path; nothing is said then.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -74,7 +75,10 @@ def limit(name: str) -> int:
 
 def has_kernel(op: str, device_type: str) -> bool:
     """True when ``lucid::<op>`` has an implementation for ``device_type`` ("cpu" or "cuda")."""
-    if not loaded():
-        return False
-    key = {"cpu": "CPU", "cuda": "CUDA"}[device_type]
+    return loaded() and _registered(op, {"cpu": "CPU", "cuda": "CUDA"}[device_type])
+
+
+@functools.lru_cache(maxsize=None)
+def _registered(op: str, key: str) -> bool:
+    """The dispatcher's answer, asked once: the library registers its kernels when it loads, and never again."""
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"lucid::{op}", key)

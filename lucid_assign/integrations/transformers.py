@@ -168,8 +168,8 @@ def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto
         rows, cols, _ = api.lsap.linear_sum_assignment(problems, where.sizes)
     else:
         rows, cols, _ = ops.linear_sum_assignment(problems, where.sizes)
-    queries = (rows.reshape(-1)[where.pairs] + where.query_offset).split(where.per_image)
-    objects = cols.reshape(-1)[where.pairs].split(where.per_image)
+    queries = (rows.reshape(-1)[where.pairs] + where.query_offset).split_with_sizes(where.per_image)
+    objects = cols.reshape(-1)[where.pairs].split_with_sizes(where.per_image)
     return list(zip(queries, objects))
 
 

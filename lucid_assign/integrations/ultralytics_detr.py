@@ -167,8 +167,8 @@ def match(cost: torch.Tensor, groups: list, backend: str, check: bool, where: La
         rows, cols, info = ops.linear_sum_assignment(cost, where.sizes)
     if check:
         api.raise_unsolved(info)
-    queries = rows.reshape(-1)[where.pair].split(where.matches)
-    objects = (cols.reshape(-1)[where.pair] + where.offset).split(where.matches)
+    queries = rows.reshape(-1)[where.pair].split_with_sizes(where.matches)
+    objects = (cols.reshape(-1)[where.pair] + where.offset).split_with_sizes(where.matches)
     return list(zip(queries, objects))
 
 
