@@ -42,6 +42,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _runs import sync  # noqa: E402
 from lucid_assign.integrations import ultralytics as integ  # noqa: E402
 from lucid_assign.synthetic import dota_like_batch, pose_batch, seg_batch  # noqa: E402
 
@@ -101,11 +103,6 @@ def labels_batch(batch: int, imgsz: int, objects: int, seed: int, device, dense:
     g = torch.Generator().manual_seed(seed)
     return {"img": torch.rand(batch, 3, imgsz, imgsz, generator=g).to(device), "batch_idx": idx.to(device),
             "cls": s["gt_labels"][mask].to(device), "bboxes": boxes.to(device)}
-
-
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def build(device, task: str = "obb", cfg: str | None = None):

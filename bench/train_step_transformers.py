@@ -26,6 +26,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _runs import sync  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
 from lucid_assign.synthetic import dota_like_batch  # noqa: E402
 
@@ -57,11 +59,6 @@ def batch(size: int, imgsz: int, objects: int, seed: int, device):
         labels.append({"class_labels": s["gt_labels"][b][keep][:, 0].long().to(device), "boxes": boxes.to(device)})
     g = torch.Generator().manual_seed(seed)
     return torch.rand(size, 3, imgsz, imgsz, generator=g).to(device), labels
-
-
-def sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def step(model, opt, images, labels, device):

@@ -277,7 +277,6 @@ inline LsapDims check_linear_sum_assignment_args(const at::Tensor& cost, const s
   return {B, R, C, std::min(R, C), batched};
 }
 
-
 // torch.ops.lucid.rtdetr_cost: pred_bboxes (B, Q, 4) and pred_scores (B, Q, C) float, gt_bboxes (N, 4) float and
 // gt_cls (N,) integers (the batch's objects, image after image), sizes (B,) integers on the same device (the objects
 // of each image), width >= 0 (the output's columns), three gains, gamma >= 0 and l1_order 0 or 1 (detr_cost.h's L1Order).
