@@ -223,7 +223,9 @@ def main() -> int:
     result = summary(fits)
     print(table(result))
     if args.out:
-        record = dict(environment=environment(), args=vars(args), counts=counts, fits=fits, summary=result)
+        # the arguments as given, without this machine's paths (and the children's own)
+        given = {k: v for k, v in vars(args).items() if k not in ("folder", "out", "run", "data", "project", "name")}
+        record = dict(environment=environment(), args=given, counts=counts, fits=fits, summary=result)
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
     return 0 if result["identical"] else 1
