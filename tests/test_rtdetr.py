@@ -98,9 +98,9 @@ def test_rtdetr_loss_identical_patched_and_unpatched(integ, device):
     assert torch.equal(plain[1], patched[1]) and torch.equal(plain[2], patched[2])
 
 
-def test_rtdetr_model_loss_identical_patched_and_unpatched(integ):
-    """The peer's RT-DETR model (rtdetr-l.yaml, no weights) at 160 px: its training loss, denoising included, the same
-    with the matcher patched."""
+def rtdetr_model_loss():
+    """The peer's RT-DETR model (rtdetr-l.yaml, no weights, built afresh) at 160 px, three images: its training loss,
+    denoising included, and the loss items."""
     from ultralytics.nn.tasks import RTDETRDetectionModel
 
     g = torch.Generator().manual_seed(1)
@@ -111,19 +111,21 @@ def test_rtdetr_model_loss_identical_patched_and_unpatched(integ):
     batch = {"img": torch.rand(3, 3, 160, 160, generator=g), "batch_idx": idx, "bboxes": boxes,
              "cls": torch.randint(0, 80, (len(idx), 1), generator=g).float()}
 
-    def run():
-        torch.manual_seed(0)
-        model = RTDETRDetectionModel("rtdetr-l.yaml", nc=80, verbose=False)
-        model.nc = 80  # the trainer attaches the dataset's class count
-        model.train()
-        torch.manual_seed(1)  # the denoising queries draw their noise
-        loss, items = model.loss(batch)
-        items = items if isinstance(items, dict) else dict(enumerate(items))
-        return loss.detach(), {k: v.detach() for k, v in items.items()}
+    torch.manual_seed(0)
+    model = RTDETRDetectionModel("rtdetr-l.yaml", nc=80, verbose=False)
+    model.nc = 80  # the trainer attaches the dataset's class count
+    model.train()
+    torch.manual_seed(1)  # the denoising queries draw their noise
+    loss, items = model.loss(batch)
+    items = items if isinstance(items, dict) else dict(enumerate(items))
+    return loss.detach(), {k: v.detach() for k, v in items.items()}
 
-    plain = run()
+
+def test_rtdetr_model_loss_identical_patched_and_unpatched(integ):
+    """The peer's RT-DETR model: its training loss, denoising included, the same with the matcher patched."""
+    plain = rtdetr_model_loss()
     integ.patch()
-    patched = run()
+    patched = rtdetr_model_loss()
     assert torch.equal(plain[0], patched[0]), (plain, patched)
     assert plain[1].keys() == patched[1].keys() and all(torch.equal(plain[1][k], patched[1][k]) for k in plain[1])
 
@@ -180,3 +182,125 @@ def test_matcher_falls_back_to_the_peer_for_mask_costs(integ):
     inputs = matcher_inputs("cpu")
     with pytest.raises(TypeError):  # this release's matcher takes no masks: the peer's own error
         ours(*inputs, masks=torch.zeros(1))
+
+
+@pytest.fixture
+def solves(monkeypatch):
+    """The batch sizes of the patched matcher's calls of the solver, with the one-pass cost on the CPU too (the L1 in
+    the CPU's order), as the matcher computes it on CUDA: what the matcher does with a stack of layers."""
+    from lucid_assign.integrations import ultralytics_detr as detr
+
+    checked = detr._fused_order
+    monkeypatch.setattr(detr, "_fused_order", lambda m, variant, pred, *rest: (checked(m, variant, pred, *rest)
+                                                                               if pred.is_cuda else 0))
+    sizes, solve = [], detr.ops.linear_sum_assignment
+
+    def counted(cost, sizes_=None):
+        sizes.append(cost.shape[0])
+        return solve(cost, sizes_)
+
+    monkeypatch.setattr(detr.ops, "linear_sum_assignment", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("device", devices())
+def test_the_layers_of_a_loss_call_are_matched_in_one_solve(integ, device, solves, monkeypatch):
+    """RTDETRDetectionLoss calls the matcher once per layer of its (L, B, Q, .) stack: the patched matcher solves every
+    layer's problems in one call at the stack's first call, and the loss values and gradients are those of one solve
+    per layer, bit for bit."""
+    from lucid_assign.integrations import ultralytics_detr as detr
+    from ultralytics.models.utils.loss import RTDETRDetectionLoss
+
+    def run():
+        criterion = RTDETRDetectionLoss(nc=80, use_vfl=True)
+        bboxes, scores, batch = rtdetr_loss_inputs(device)
+        losses = criterion((bboxes, scores), batch)
+        sum(losses.values()).backward()
+        return {k: v.detach() for k, v in losses.items()}, bboxes.grad, scores.grad
+
+    integ.patch()
+    if device == "cuda":
+        matcher = RTDETRDetectionLoss(nc=80).matcher
+        if detr._check_fused(matcher, matcher.variant, torch.device(device)) is None:
+            pytest.skip("the one-pass cost is not the peer's on this device, so each call keeps the peer's operations")
+    together = run()
+    assert solves == [6 * 4]  # six layers of four images
+    solves.clear()
+    monkeypatch.setattr(detr, "MAX_LAYERS", 1)  # no stack is one any more: a solve per call
+    apart = run()
+    assert solves == [4] * 6
+    assert together[0].keys() == apart[0].keys()
+    assert all(torch.equal(together[0][k], apart[0][k]) for k in apart[0]), (together[0], apart[0])
+    assert torch.equal(together[1], apart[1]) and torch.equal(together[2], apart[2])
+
+
+def test_layer_matches_follow_their_inputs(integ, solves):
+    """Between two calls on layers of one stack the stack is changed in place, or the objects are other tensors, or a
+    layer is asked for twice: each call gives the matches of what it is given (those of a call on a copy of its
+    layer, which is no stack's), never what an earlier call saw."""
+    from ultralytics.models.utils import loss
+
+    integ.patch()
+    ours = loss.HungarianMatcher()
+    bboxes, scores, batch = rtdetr_loss_inputs("cpu")
+    bboxes, scores = bboxes.detach(), scores.detach()
+    gt, cls, groups = batch["bboxes"], batch["cls"], batch["gt_groups"]
+
+    def alone(layer, objects=gt):
+        return ours(bboxes[layer].clone(), scores[layer].clone(), objects, cls, groups)
+
+    assert same_matches(ours(bboxes[5], scores[5], gt, cls, groups), alone(5))
+    assert solves == [24, 4]  # the stack's six layers at once, then the copy alone
+    bboxes[2].copy_(bboxes[4].flip(0))  # the stack changed in place: its version moves on
+    assert not same_matches(alone(2), alone(4))
+    assert same_matches(ours(bboxes[2], scores[2], gt, cls, groups), alone(2))
+    assert same_matches(ours(bboxes[3], scores[3], gt, cls, groups), alone(3))
+    assert same_matches(ours(bboxes[3], scores[3], gt, cls, groups), alone(3))  # asked twice
+    other = gt.flip(0).contiguous()
+    assert same_matches(ours(bboxes[1], scores[1], other, cls, groups), alone(1, other))
+
+
+@pytest.mark.parametrize("how", ("pickle", "deepcopy"))
+def test_a_patched_matcher_pickles(integ, solves, how):
+    """Trainers deep-copy their model, and early releases save it with its loss: a patched matcher, one that matched a
+    stack included, pickles (while patched, the peer's own matcher inside it cannot be named, so it is built again), and
+    its copy matches as it does, with its own settings and fallback."""
+    import copy
+    import io
+
+    from ultralytics.models.utils import loss
+
+    integ.patch()
+    ours = loss.HungarianMatcher(cost_gain={"class": 1, "bbox": 5, "giou": 2}, alpha=0.3)
+    bboxes, scores, batch = rtdetr_loss_inputs("cpu")
+    bboxes, scores = bboxes.detach(), scores.detach()
+    args = (batch["bboxes"], batch["cls"], batch["gt_groups"])
+    first = ours(bboxes[5], scores[5], *args)
+    assert solves == [24]
+    if how == "pickle":
+        buffer = io.BytesIO()
+        torch.save(ours, buffer)
+        buffer.seek(0)
+        twin = torch.load(buffer, weights_only=False)
+    else:
+        twin = copy.deepcopy(ours)
+    assert type(twin) is type(ours) and twin.variant == ours.variant and twin.cost_gain == ours.cost_gain
+    assert vars(twin._peer_matcher) == vars(ours._peer_matcher)
+    assert same_matches(twin(bboxes[5], scores[5], *args), first)
+    assert same_matches(twin(bboxes[0], scores[0], *args), ours(bboxes[0], scores[0], *args))
+
+
+def test_rtdetr_model_matches_its_seven_layers_in_one_solve(integ, solves, monkeypatch):
+    """The peer's RT-DETR model stacks the encoder's and the six decoder layers' outputs: one solve for the seven, and
+    the loss of one solve per layer, bit for bit."""
+    from lucid_assign.integrations import ultralytics_detr as detr
+
+    integ.patch()
+    together = rtdetr_model_loss()
+    assert solves == [7 * 3]
+    solves.clear()
+    monkeypatch.setattr(detr, "MAX_LAYERS", 1)
+    apart = rtdetr_model_loss()
+    assert solves == [3] * 7
+    assert torch.equal(together[0], apart[0]), (together, apart)
+    assert all(torch.equal(together[1][k], apart[1][k]) for k in apart[1])

@@ -5,7 +5,9 @@ objects) cost on the device, copies it to the host and calls ``linear_sum_assign
 step. ``LucidHungarianMatcher`` computes the same cost with the same tensor operations, matches every image in one
 call of ``torch.ops.lucid.linear_sum_assignment`` on the cost's device (SciPy's choice, ties included) and returns
 what the peer's loss expects: per image, the matched queries in ascending order and their objects' indices into the
-batch's concatenated objects (index tensors on the cost's device, where the peer's are on the CPU).
+batch's concatenated objects (index tensors on the cost's device, where the peer's are on the CPU). The loss calls it
+once per layer of the decoder's stacked outputs: the first call of a stack matches all its layers at once
+(LayerMatches), where the cost is computed in one pass.
 
 Its releases compute the cost in one of a few ways, told apart by ``Variant``:
 - layout: "flat" (8.0 to 8.3.1xx: every query against every object of the batch, each image's block taken from it)
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -188,6 +191,17 @@ class LucidHungarianMatcher(torch.nn.Module):
         peer = _peer_matcher_class()(*args, **kwargs)
         self.__dict__.update({k: v for k, v in vars(peer).items() if not k.startswith("_") and k != "training"})
         self.__dict__["_peer_matcher"] = peer  # not a submodule: a fallback, not part of the model
+        self.__dict__["_peer_args"] = (args, kwargs)
+
+    # Pickled (the trainers of early releases save the model with its loss) without the peer's matcher, whose class
+    # pickle cannot name while patched (the name is this class's); it is built again from the same arguments.
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_peer_matcher"}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        args, kwargs = self._peer_args
+        self.__dict__["_peer_matcher"] = _peer_matcher_class()(*args, **kwargs)
 
     def forward(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, gt_groups, masks=None, gt_mask=None):
         variant, backend = self.variant, api.resolve_backend(self.backend)
@@ -204,9 +218,32 @@ class LucidHungarianMatcher(torch.nn.Module):
             return [(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long)) for _ in groups]
         with torch.no_grad():
             where = layout(groups, pred_scores.shape[1], pred_scores.device)
+            # a layer of the decoder's stacked outputs: all its layers matched in one call, this one's taken
+            found = self._from_layers(pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, where, backend)
+            if found is not None:
+                return found
             cost = self.cost(pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, where, backend)
             # without sanitising, the peer's SciPy refuses NaN and infinite costs: so do we (one synchronisation)
             return match(cost, groups, backend, check=not variant.sanitize, where=where)
+
+    def _from_layers(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups: list, where: Layout, backend: str):
+        """This call's matches from a LayerMatches of every layer of its inputs' stack (made at the stack's first
+        call), or None where the call is not one layer of a stack or the cost is not computed in one pass."""
+        boxes_of, scores_of = _layer_of(pred_bboxes), _layer_of(pred_scores)
+        if boxes_of is None or scores_of is None or boxes_of[1] != scores_of[1]:
+            return None
+        (boxes, layer), (scores, _) = boxes_of, scores_of
+        if boxes.shape[0] != scores.shape[0]:
+            return None
+        settings = (backend, float(self.alpha), float(self.gamma), *(float(v) for v in self.cost_gain.values()))
+        memo = _STACKS.get(self)
+        if memo is None or not memo.serves(boxes, scores, gt_bboxes, gt_cls, groups, settings, layer):
+            order = _fused_order(self, self.variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend)
+            if order is None:
+                return None
+            memo = _STACKS[self] = LayerMatches(self, boxes, scores, gt_bboxes, gt_cls, groups, where, order,
+                                                settings)
+        return memo.take(layer, check=not self.variant.sanitize)
 
     def cost(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups: list, where: Layout, backend: str = "auto"):
         """The peer's cost of one call, (bs, nq, max(groups)): in one pass (ops.rtdetr_cost) where the check on the
@@ -234,6 +271,81 @@ class LucidHungarianMatcher(torch.nn.Module):
             integ._say_once(f"lucid-assign: the patched {NAME} cannot run its kernel here ({why}), so these calls go "
                             f"to ultralytics' own matcher, at its speed. Fix: {api.kernel_fix(device, why)}")
         return why is None
+
+
+# --- the layers of one loss call matched at once -----------------------------------------------------------------
+# The peer's DETR loss calls the matcher once per layer of the decoder's stacked outputs (RT-DETR: (7, B, Q, .), the
+# encoder's and six decoder layers), each call on one layer of the stack, one after another. The first call of a stack
+# computes the cost of all its layers in one launch and matches their L * B problems in one, so that the solves of
+# the layers run side by side on the device; the later calls take their layer's matches. The problems are independent,
+# so each layer's matches are those of a call of its own.
+MAX_LAYERS = 16
+# each matcher's last stack, outside the matcher (which the trainer deep-copies and saves with the model)
+_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _layer_of(t: torch.Tensor):
+    """(stack, l) when ``t`` is ``stack[l]`` of a stack of at most MAX_LAYERS layers (what indexing the peer's
+    (L, B, Q, .) outputs gives), else None."""
+    stack = t._base
+    if stack is None or stack.dim() != t.dim() + 1 or not 1 < stack.shape[0] <= MAX_LAYERS:
+        return None
+    if stack.shape[1:] != t.shape or stack.stride()[1:] != t.stride() or stack.stride(0) <= 0:
+        return None
+    if stack.dtype != t.dtype:  # a view as another type of the same size
+        return None
+    step = stack.stride(0) * stack.element_size()
+    offset = t.data_ptr() - stack.data_ptr()
+    if offset % step or not 0 <= offset // step < stack.shape[0]:
+        return None
+    return stack, offset // step
+
+
+class LayerMatches:
+    """Every layer's matches of one stack of predictions against one batch of objects. It keeps weak references to
+    its inputs (never the autograd graph alive) and serves a later call only while they are the same tensors,
+    unchanged (their version counters), with the same object counts and matcher settings; each layer's matches are
+    handed out once."""
+
+    def __init__(self, m, boxes, scores, gt_bboxes, gt_cls, groups: list, where: Layout, order: int, settings: tuple):
+        self._refs = [weakref.ref(t) for t in (boxes, scores, gt_bboxes, gt_cls)]
+        self._key = (self._versions(boxes, scores, gt_bboxes, gt_cls), tuple(groups), settings)
+        layers, bs, nq = boxes.shape[:3]
+        gain = m.cost_gain
+        # the stack's L * B images, the objects repeated for each layer (the op takes image b's objects after those
+        # of images 0 to b - 1)
+        sizes = where.sizes.repeat(layers)
+        cost = ops.rtdetr_cost(boxes.detach().reshape(layers * bs, nq, boxes.shape[-1]),
+                               scores.detach().reshape(layers * bs, nq, scores.shape[-1]),
+                               gt_bboxes.repeat(layers, 1), gt_cls.repeat(layers), sizes, max(groups),
+                               (gain["class"], gain["bbox"], gain["giou"]), m.alpha, m.gamma,
+                               sanitize=m.variant.sanitize, l1_order=order)
+        rows, cols, info = ops.linear_sum_assignment(cost, sizes)
+        queries = rows.view(layers, -1).index_select(1, where.pair)
+        objects = cols.view(layers, -1).index_select(1, where.pair).add_(where.offset)
+        matches = where.matches * layers
+        pairs = list(zip(queries.view(-1).split_with_sizes(matches), objects.view(-1).split_with_sizes(matches)))
+        self._layers = {layer: pairs[layer * bs:(layer + 1) * bs] for layer in range(layers)}
+        self._info = info.view(layers, bs)
+
+    @staticmethod
+    def _versions(*tensors) -> tuple:
+        return tuple((t._version, t.data_ptr()) for t in tensors)
+
+    def serves(self, boxes, scores, gt_bboxes, gt_cls, groups: list, settings: tuple, layer: int) -> bool:
+        """Whether the call on ``layer`` of these inputs takes its matches from here (not when they were taken
+        already: a second pass over the same stack is matched afresh, all its layers at once again)."""
+        inputs = (boxes, scores, gt_bboxes, gt_cls)
+        return (layer in self._layers and all(ref() is t for ref, t in zip(self._refs, inputs))
+                and self._key == (self._versions(*inputs), tuple(groups), settings))
+
+    def take(self, layer: int, check: bool):
+        """Layer ``layer``'s matches, handed out once. ``check``: SciPy's error where the layer's cost held NaN or an
+        infinity (one synchronisation), as the layer's own call gives it."""
+        found = self._layers.pop(layer)
+        if check:
+            api.raise_unsolved(self._info[layer])
+        return found
 
 
 # --- the cost in one pass (torch.ops.lucid.rtdetr_cost) ----------------------------------------------------------
