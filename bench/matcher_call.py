@@ -11,6 +11,11 @@ Each call starts on an idle device (synchronised before) and is timed to its end
 (the layout of the objects, the cost, the solve and the matches' indices; the cost in one pass where the patched
 matcher computes it so, which the line says), and, last, the host functions under the patched calls by self time
 (torch.profiler), with the number of calls of each per matcher call.
+
+Then, with ``--layers L`` (default 7, RT-DETR's; 0 skips it), the calls of one loss: a stack of L layers of such
+predictions, matched layer by layer in the loss's order (the last layer, then the others), each call timed as above
+and the L calls added up, as ``bench/train_step.py`` adds up a step's; the patched matcher matches the whole stack at
+its first call.
 """
 
 from __future__ import annotations
@@ -39,6 +44,30 @@ def inputs(batch: int, objects: int, device, seed: int = 0):
     gt = torch.rand(batch * objects, 4, generator=g) * 0.5 + 0.25
     cls = torch.randint(0, classes, (batch * objects,), generator=g)
     return boxes.to(device), scores.to(device), gt.to(device), cls.to(device), [objects] * batch
+
+
+def stacked(layers: int, batch: int, objects: int, device, seed: int = 0):
+    """A loss call's predictions: ``layers`` layers of inputs(...)'s kind, stacked as (L, B, Q, .), and the objects."""
+    per_layer = [inputs(batch, objects, "cpu", seed + layer) for layer in range(layers)]
+    boxes = torch.stack([p[0] for p in per_layer]).to(device)
+    scores = torch.stack([p[1] for p in per_layer]).to(device)
+    gt, cls, groups = per_layer[0][2:]
+    return boxes, scores, gt.to(device), cls.to(device), groups
+
+
+def loss_calls(matcher, stack, device) -> tuple:
+    """The matcher's calls of one loss on ``stack``, in the loss's order, each timed from an idle device: (the sum of
+    the calls' seconds, the matches by layer)."""
+    boxes, scores, gt, cls, groups = stack
+    layers = boxes.shape[0]
+    found, total = {}, 0.0
+    for layer in [layers - 1, *range(layers - 1)]:
+        total += timed(lambda k=layer: found.setdefault(k, matcher(boxes[k], scores[k], gt, cls, groups)), device)[1]
+    return total, found
+
+
+def same_matches(a: list, b: list) -> bool:
+    return all(torch.equal(i.cpu(), k.cpu()) and torch.equal(j.cpu(), m.cpu()) for (i, j), (k, m) in zip(a, b))
 
 
 def parts(matcher, args, device) -> dict:
@@ -90,6 +119,7 @@ def main(argv=None):
     p.add_argument("--objects", type=int, nargs="+", default=[10, 50, 200])
     p.add_argument("--calls", type=int, default=20, help="timed calls per case")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the profiler's breakdown")
+    p.add_argument("--layers", type=int, default=7, help="time a loss's calls on a stack of this many layers (0: no)")
     args = p.parse_args(argv)
     device = args.device
     from ultralytics.models.utils.loss import RTDETRDetectionLoss
@@ -104,8 +134,7 @@ def main(argv=None):
               f"variant {type(patched).variant}")
         for objects in args.objects:
             batch = inputs(args.batch, objects, device)
-            mine, theirs = patched(*batch), peer(*batch)
-            same = all(torch.equal(a.cpu(), c) and torch.equal(b.cpu(), d) for (a, b), (c, d) in zip(mine, theirs))
+            same = same_matches(patched(*batch), peer(*batch))
             for fn in (lambda: patched(*batch), lambda: peer(*batch)):
                 fn()  # warm
             times = {name: [timed(lambda f=f: f(*batch), device) for _ in range(args.calls)]
@@ -121,6 +150,14 @@ def main(argv=None):
                 f"{k} {statistics.median(s[k] for s in split) * 1e3:.3f}" for k in split[0]))
             if args.profile:
                 profile(patched, batch, device)
+            if args.layers > 0:
+                stack = stacked(args.layers, args.batch, objects, device)
+                took = {name: [loss_calls(m, stack, device) for _ in range(args.calls + 1)][1:]
+                        for name, m in (("peer", peer), ("patched", patched))}
+                same = all(same_matches(took["patched"][0][1][k], took["peer"][0][1][k]) for k in range(args.layers))
+                print(f"    a loss's {args.layers} calls on a stack of {args.layers} layers: " + "  ".join(
+                    f"{name} {statistics.median(t for t, _ in runs) * 1e3:.3f} ms" for name, runs in took.items())
+                    + f"; same matches in every layer: {same}")
 
 
 if __name__ == "__main__":
