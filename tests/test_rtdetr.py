@@ -77,25 +77,30 @@ def rtdetr_loss_inputs(device, seed=0, layers=6, groups=(10, 0, 50, 3)):
     return bboxes.to(device).requires_grad_(), scores.to(device).requires_grad_(), batch
 
 
+def rtdetr_loss(device):
+    """RTDETRDetectionLoss, built afresh, on rtdetr_loss_inputs: the loss values and the predictions' gradients."""
+    from ultralytics.models.utils.loss import RTDETRDetectionLoss
+
+    criterion = RTDETRDetectionLoss(nc=80, use_vfl=True)
+    bboxes, scores, batch = rtdetr_loss_inputs(device)
+    losses = criterion((bboxes, scores), batch)
+    sum(losses.values()).backward()
+    return {k: v.detach() for k, v in losses.items()}, bboxes.grad, scores.grad
+
+
+def assert_same_loss(a, b):
+    assert a[0].keys() == b[0].keys()
+    assert all(torch.equal(a[0][k], b[0][k]) for k in a[0]), (a[0], b[0])
+    assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+
+
 @pytest.mark.parametrize("device", devices())
 def test_rtdetr_loss_identical_patched_and_unpatched(integ, device):
     """RTDETRDetectionLoss (the decoder's six layers: the last and the auxiliary ones) gives the same loss values and
     gradients, bit for bit, with the matcher patched."""
-    from ultralytics.models.utils.loss import RTDETRDetectionLoss
-
-    def run():
-        criterion = RTDETRDetectionLoss(nc=80, use_vfl=True)
-        bboxes, scores, batch = rtdetr_loss_inputs(device)
-        losses = criterion((bboxes, scores), batch)
-        sum(losses.values()).backward()
-        return {k: v.detach() for k, v in losses.items()}, bboxes.grad, scores.grad
-
-    plain = run()
+    plain = rtdetr_loss(device)
     integ.patch()
-    patched = run()
-    assert plain[0].keys() == patched[0].keys()
-    assert all(torch.equal(plain[0][k], patched[0][k]) for k in plain[0]), (plain[0], patched[0])
-    assert torch.equal(plain[1], patched[1]) and torch.equal(plain[2], patched[2])
+    assert_same_loss(plain, rtdetr_loss(device))
 
 
 def rtdetr_model_loss():
@@ -211,27 +216,18 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(integ, device, solve
     from lucid_assign.integrations import ultralytics_detr as detr
     from ultralytics.models.utils.loss import RTDETRDetectionLoss
 
-    def run():
-        criterion = RTDETRDetectionLoss(nc=80, use_vfl=True)
-        bboxes, scores, batch = rtdetr_loss_inputs(device)
-        losses = criterion((bboxes, scores), batch)
-        sum(losses.values()).backward()
-        return {k: v.detach() for k, v in losses.items()}, bboxes.grad, scores.grad
-
     integ.patch()
     if device == "cuda":
         matcher = RTDETRDetectionLoss(nc=80).matcher
         if detr._check_fused(matcher, matcher.variant, torch.device(device)) is None:
             pytest.skip("the one-pass cost is not the peer's on this device, so each call keeps the peer's operations")
-    together = run()
+    together = rtdetr_loss(device)
     assert solves == [6 * 4]  # six layers of four images
     solves.clear()
     monkeypatch.setattr(detr, "MAX_LAYERS", 1)  # no stack is one any more: a solve per call
-    apart = run()
+    apart = rtdetr_loss(device)
     assert solves == [4] * 6
-    assert together[0].keys() == apart[0].keys()
-    assert all(torch.equal(together[0][k], apart[0][k]) for k in apart[0]), (together[0], apart[0])
-    assert torch.equal(together[1], apart[1]) and torch.equal(together[2], apart[2])
+    assert_same_loss(together, apart)
 
 
 def test_layer_matches_follow_their_inputs(integ, solves):
