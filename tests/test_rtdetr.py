@@ -300,3 +300,22 @@ def test_rtdetr_model_matches_its_seven_layers_in_one_solve(integ, solves, monke
     assert solves == [3] * 7
     assert torch.equal(together[0], apart[0]), (together, apart)
     assert all(torch.equal(together[1][k], apart[1][k]) for k in apart[1])
+
+
+def test_which_tensors_are_layers_of_a_stack(library):
+    """A call's predictions are a layer of a stack when they are stack[l] of an (L, B, Q, .) stack of at most
+    MAX_LAYERS layers, reached through any slices along the layers; anything else is a call of its own."""
+    from lucid_assign.integrations import ultralytics_detr as detr
+
+    stack = torch.rand(7, 2, 5, 4)
+    assert [detr._layer_of(stack[k])[1] for k in range(7)] == list(range(7))
+    assert detr._layer_of(stack[:-1][2])[1] == 2 and detr._layer_of(stack[3:][1])[1] == 4
+    assert detr._layer_of(stack[4])[0] is stack
+    for other in (stack, stack[:, 1], stack[2].clone(), stack[2, :, 1:], stack.transpose(0, 1)[1],
+                  torch.rand(detr.MAX_LAYERS + 1, 2, 5, 4)[0], torch.rand(1, 2, 5, 4)[0]):
+        assert detr._layer_of(other) is None
+
+    class Marked(torch.Tensor):
+        pass
+
+    assert detr._layer_of(stack.as_subclass(Marked)[1]) is None

@@ -287,6 +287,8 @@ _STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _layer_of(t: torch.Tensor):
     """(stack, l) when ``t`` is ``stack[l]`` of a stack of at most MAX_LAYERS layers (what indexing the peer's
     (L, B, Q, .) outputs gives), else None."""
+    if type(t) is not torch.Tensor:  # a subclass (a fake tensor of a trace, for one): a call of its own
+        return None
     stack = t._base
     if stack is None or stack.dim() != t.dim() + 1 or not 1 < stack.shape[0] <= MAX_LAYERS:
         return None
