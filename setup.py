@@ -26,6 +26,7 @@ Fast-math is never used: the kernels must reproduce the reference bit for bit.
 import glob
 import importlib.metadata
 import os
+import pprint
 import shutil
 import sys
 import sysconfig
@@ -264,7 +265,8 @@ def _write_build_info(info):
     """Record how the library was built: lucid_assign._library compares it with the running torch before loading
     the library, and `lucid-assign doctor` prints it."""
     with open(os.path.join(ROOT, "lucid_assign", "_build_info.py"), "w") as f:
-        f.write('"""Written by setup.py at build time."""\n\nBUILD = %r\n' % (info,))
+        text = pprint.pformat(info, width=110, sort_dicts=False)
+        f.write(f'"""Written by setup.py at build time."""\n\nBUILD = {text}\n')
 
 
 def _extension(torch, with_cuda, cuda_home):

@@ -5,10 +5,10 @@
     python bench/fit_time.py --recipe dota-obb --device cpu --amp false --images 8 --imgsz 128 --epochs 2 --pairs 1
 
 Writes a synthetic dataset once (noise images, DOTA-like objects; nothing downloaded), then runs
-``YOLO("<model>.yaml").train(...)`` (``RTDETR(...)`` for RT-DETR) to the end, each fit in a process of its own: unpatched and after
-``lucid_assign.integrations.ultralytics.patch()``, alternating (pair k starts with the plain fit when k is even, with
-the patched one when k is odd), at least --pairs pairs. Validation runs once, after the last epoch, as the trainer
-does with ``val=False``.
+``YOLO("<model>.yaml").train(...)`` (``RTDETR(...)`` for RT-DETR) to the end, each fit in a process of its own:
+unpatched and after ``lucid_assign.integrations.ultralytics.patch()``, alternating (pair k starts with the plain fit
+when k is even, with the patched one when k is odd), at least --pairs pairs. Validation runs once, after the last
+epoch, as the trainer does with ``val=False``.
 
 Per variant it reports the median and the range of the epoch times (the epochs after the first, which holds the
 start; the last holds the final validation and is left out when there are more than two), of the whole fit (the

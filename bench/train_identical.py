@@ -1,7 +1,7 @@
 """Training with and without lucid-assign is the same training: N steps of the peer trainer's yolo26n-obb (or
-yolo26n-pose with --task pose, yolo26n-seg with --task seg, rtdetr-l with --task rtdetr), run three times from one seed (unpatched twice, then patched), with the peer's
-deterministic settings (``ultralytics.utils.torch_utils.init_seeds(0, deterministic=True)``, as its trainer sets them
-by default).
+yolo26n-pose with --task pose, yolo26n-seg with --task seg, rtdetr-l with --task rtdetr), run three times from one
+seed (unpatched twice, then patched), with the peer's deterministic settings
+(``ultralytics.utils.torch_utils.init_seeds(0, deterministic=True)``, as its trainer sets them by default).
 
     python bench/train_identical.py                        # GPU: 50 steps, batch 16 at 1024 px, bf16 autocast
     python bench/train_identical.py --task pose            # yolo26n-pose: batch 16 at 640 px, 20 people per image
@@ -145,9 +145,9 @@ def main(argv=None) -> int:
     import ultralytics
 
     default_model = "rtdetr-l" if args.task == "rtdetr" else "yolo26n-" + args.task
-    print(f"{args.model or default_model} (ultralytics {ultralytics.__version__}), {args.steps} steps, batch {args.batch} at {args.imgsz} px, {args.objects} "
-          f"objects/image, "
-          f"bf16 autocast, {args.device}, torch {torch.__version__}"
+    print(f"{args.model or default_model} (ultralytics {ultralytics.__version__}), {args.steps} steps, batch "
+          f"{args.batch} at {args.imgsz} px, {args.objects} objects/image, bf16 autocast, {args.device}, torch "
+          f"{torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")
     batches = [ts.labels_batch(args.batch, args.imgsz, args.objects, 1000 + s, args.device, task=args.task)
                for s in range(args.batches)]

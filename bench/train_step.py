@@ -240,8 +240,8 @@ def profile_assigners(model, opt, batches, device, trace=None):
         per_name[e.name] += e.self_cpu_time_total
         stack.extend(e.cpu_children)
     n = max(len(calls), 1)
-    print(f"  profiled: {len(calls)} assigner calls, CPU time {sum(c.cpu_time_total for c in calls) / n:.1f} us per call;"
-          f" self CPU time per call of what runs under them:")
+    print(f"  profiled: {len(calls)} assigner calls, CPU time {sum(c.cpu_time_total for c in calls) / n:.1f} us per "
+          "call; self CPU time per call of what runs under them:")
     for name, t in sorted(per_name.items(), key=lambda kv: -kv[1])[:14]:
         print(f"    {t / n:8.1f} us  {name[:90]}")
 
@@ -259,8 +259,8 @@ class _Timed:
 
     def __call__(self, *args, **kwargs):
         if self.calls is not None:
-            settings = {k: getattr(self.inner, k) for k in ("topk", "topk2", "num_classes", "alpha", "beta", "eps", "stride")
-                        if hasattr(self.inner, k)}
+            names = ("topk", "topk2", "num_classes", "alpha", "beta", "eps", "stride")
+            settings = {k: getattr(self.inner, k) for k in names if hasattr(self.inner, k)}
             self.calls.append(dict(args=[a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args],
                                    kwargs=kwargs, settings=settings,
                                    autocast=torch.is_autocast_enabled(torch.device(self.device).type)))
@@ -311,7 +311,8 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true", help="profile the assigner calls of two instrumented steps")
     p.add_argument("--trace", metavar="PREFIX", help="with --profile: save the timeline of the profiled steps to "
                    "PREFIX-m<objects>-<peer|patched>.json (Chrome trace format)")
-    p.add_argument("--dump", metavar="PREFIX", help="save the assigners' inputs of one patched step to PREFIX-m<objects>.pt")
+    p.add_argument("--dump", metavar="PREFIX",
+                   help="save the assigners' inputs of one patched step to PREFIX-m<objects>.pt")
     args = p.parse_args(argv)
     if args.dense and args.task != "obb":
         p.error("--dense is an OBB scene")
@@ -320,7 +321,8 @@ def main(argv=None):
     args.objects = args.objects or ([2000, 5000] if args.dense else [20, 100] if args.task in ("pose", "seg") else
                                     [10, 50, 200] if args.task == "rtdetr" else [60, 300])
     args.imgsz = args.imgsz or (640 if args.task in ("pose", "seg", "rtdetr") else 1024)
-    print(f"{'rtdetr-l' if args.task == 'rtdetr' else 'yolo26n-' + args.task}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
+    model = "rtdetr-l" if args.task == "rtdetr" else "yolo26n-" + args.task
+    print(f"{model}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}"
           f"{', dense scene (objects of 4-60 px)' if args.dense else ''}")
     print(f"{'objects':>7} {'assigner':<34} {'step ms':>9} {'synchronised ms':>16} {'share':>6} {'stream ms':>10} "
@@ -330,7 +332,8 @@ def main(argv=None):
         for r in measure(args, objects):
             rows.append(r)
             print(f"{objects:>7} {', '.join(r['assigners']):<34} {r['step_s'] * 1e3:9.1f} {r['assign_s'] * 1e3:16.2f} "
-                  f"{100 * r['assign_s'] / r['step_s']:5.2f}% {r['stream_s'] * 1e3:10.2f} {100 * r['stream_s'] / r['step_s']:5.2f}% "
+                  f"{100 * r['assign_s'] / r['step_s']:5.2f}% {r['stream_s'] * 1e3:10.2f} "
+                  f"{100 * r['stream_s'] / r['step_s']:5.2f}% "
                   f"{'-' if r['host_s'] is None else format(r['host_s'] * 1e3, '.2f'):>8} "
                   f"{'-' if r['peak_b'] is None else format(r['peak_b'] / 2**20, '.0f'):>9} "
                   f"{'-' if r['assign_peak_b'] is None else format(r['assign_peak_b'] / 2**20, '.1f'):>12}")

@@ -296,7 +296,8 @@ def build_parser():
                     "counts); --batch and --classes still apply")
     bp.add_argument("--classes", type=_positive, default=None,
                     help="number of classes (default 15 for obb, 80 for hbb, pose and seg)")
-    bp.add_argument("--device", type=_device, default="auto", help="cpu, cuda, cuda:N or auto (a GPU if torch sees one)")
+    bp.add_argument("--device", type=_device, default="auto",
+                    help="cpu, cuda, cuda:N or auto (a GPU if torch sees one)")
     bp.add_argument("--backends", type=_backends, default=BENCH_DEFAULT_BACKENDS,
                     help="comma-separated: reference, kernel, peer (the peer needs ultralytics)")
     bp.add_argument("--reps", type=_positive, default=None,

@@ -25,7 +25,8 @@ def _region(tensor: torch.Tensor, given: torch.dtype | None) -> torch.dtype | No
 
 def _require(op: str) -> None:
     if not _library.loaded():
-        raise RuntimeError(f"torch.ops.lucid.{op} needs the compiled library, which is not loaded: {_library.LOAD_ERROR}")
+        raise RuntimeError(f"torch.ops.lucid.{op} needs the compiled library, which is not loaded: "
+                           f"{_library.LOAD_ERROR}")
 
 
 def points_in_boxes(

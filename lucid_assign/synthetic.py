@@ -50,7 +50,8 @@ def _objects(g, n, img_size, num_classes, obb):
         i = torch.arange(size, dtype=torch.float64)
         grid = torch.stack(((i % cols) * width * 1.3, (i // cols) * length * 1.2), -1)
         grid -= grid.mean(0)
-        rot = torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]], dtype=torch.float64)
+        cos, sin = math.cos(angle), math.sin(angle)
+        rot = torch.tensor([[cos, -sin], [sin, cos]], dtype=torch.float64)
         xy = centre + grid @ rot.T + (rand(size, 2) - 0.5) * 2
         wh = torch.stack((torch.full((size,), width), torch.full((size,), length)), -1) * (0.9 + 0.2 * rand(size, 2))
         boxes[done : done + size] = torch.cat((xy, wh, torch.full((size, 1), angle)), -1)
@@ -216,10 +217,10 @@ def pose_batch(batch: int = 16, img_size: int = 640, num_classes: int = 1, objec
     Objects are axis-aligned boxes ``x1 y1 x2 y2``, upright (height 1.2-3x the width), heights log-uniform from 6 px to
     most of the image so that every pyramid level and the gate's edges (2 and 12 strides) are reached, and one object
     in ten a thin tall box (6-20 px wide) that the level gate may leave without candidates. Each has ``keypoints``
-    points inside its box; a keypoint is visible (flag 2) with probability 0.7, otherwise it is at (0, 0) with flag 0, and one
-    object in ten has none visible. Anchors near an object predict its box and keypoints with jitter (keypoints
-    ``pd_kpts`` (B, A, K, 2) in pixels); the others predict points around themselves. ``sigmas`` are COCO's for 17
-    keypoints, else 1/K each (as the peer trainer's pose loss)."""
+    points inside its box; a keypoint is visible (flag 2) with probability 0.7, otherwise it is at (0, 0) with flag 0,
+    and one object in ten has none visible. Anchors near an object predict its box and keypoints with jitter
+    (keypoints ``pd_kpts`` (B, A, K, 2) in pixels); the others predict points around themselves. ``sigmas`` are
+    COCO's for 17 keypoints, else 1/K each (as the peer trainer's pose loss)."""
     g, rand, randn, counts, anc, strides_of = _frame(seed, batch, objects, img_size, strides)
     n_max, n_anchors = max(counts, default=0), anc.shape[0]
     gt = torch.zeros(batch, n_max, 4, dtype=torch.float64)

@@ -173,7 +173,8 @@ def draw(ax, batch, out, image: int, img_size: int, title: str) -> dict:
             + ", ".join(f"{k} {v}" for k, v in info["levels"].items()))
     ax.text(0.01, 0.99, text, transform=ax.transAxes, va="top", ha="left", fontsize=7,
             bbox=dict(boxstyle="round", fc="white", alpha=0.85))
-    handles = [Line2D([], [], marker="o", ls="", color="gray", label="positive anchor (object's colour; size = stride)"),
+    handles = [Line2D([], [], marker="o", ls="", color="gray",
+                      label="positive anchor (object's colour; size = stride)"),
                Line2D([], [], color="gray", label="ground truth"),
                Line2D([], [], color="red", ls="--", lw=2, label="object with no positive")]
     ax.legend(handles=handles, loc="lower right", fontsize=7, framealpha=0.85)
