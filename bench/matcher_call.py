@@ -80,13 +80,7 @@ def parts(matcher, args, device) -> dict:
     cost = out["cost"]
     s = timed(lambda: out.setdefault("solved", ops.linear_sum_assignment(cost, where.sizes)), device)[1]
     rows, cols, _ = out["solved"]
-
-    def indices():
-        queries = rows.reshape(-1)[where.pair].split(where.matches)
-        objects = (cols.reshape(-1)[where.pair] + where.offset).split(where.matches)
-        return list(zip(queries, objects))
-
-    i = timed(indices, device)[1]
+    i = timed(lambda: detr._pairs(rows, cols, where), device)[1]
     return dict(layout=t, cost=c, solve=s, indices=i)
 
 

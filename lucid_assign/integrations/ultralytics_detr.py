@@ -170,9 +170,16 @@ def match(cost: torch.Tensor, groups: list, backend: str, check: bool, where: La
         rows, cols, info = ops.linear_sum_assignment(cost, where.sizes)
     if check:
         api.raise_unsolved(info)
-    queries = rows.reshape(-1)[where.pair].split_with_sizes(where.matches)
-    objects = (cols.reshape(-1)[where.pair] + where.offset).split_with_sizes(where.matches)
-    return list(zip(queries, objects))
+    return _pairs(rows, cols, where)
+
+
+def _pairs(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int = 1) -> list:
+    """Each image's matches from the op's (layers * B, K) outputs, as the peer's matcher returns them: (queries
+    ascending, objects' indices into the batch's concatenated objects), image after image, layer after layer."""
+    queries = rows.reshape(layers, -1).index_select(1, where.pair)
+    objects = cols.reshape(layers, -1).index_select(1, where.pair).add_(where.offset)
+    matches = where.matches * layers
+    return list(zip(queries.view(-1).split_with_sizes(matches), objects.view(-1).split_with_sizes(matches)))
 
 
 class LucidHungarianMatcher(torch.nn.Module):
@@ -323,10 +330,7 @@ class LayerMatches:
                                (gain["class"], gain["bbox"], gain["giou"]), m.alpha, m.gamma,
                                sanitize=m.variant.sanitize, l1_order=order)
         rows, cols, info = ops.linear_sum_assignment(cost, sizes)
-        queries = rows.view(layers, -1).index_select(1, where.pair)
-        objects = cols.view(layers, -1).index_select(1, where.pair).add_(where.offset)
-        matches = where.matches * layers
-        pairs = list(zip(queries.view(-1).split_with_sizes(matches), objects.view(-1).split_with_sizes(matches)))
+        pairs = _pairs(rows, cols, where, layers)
         self._layers = {layer: pairs[layer * bs:(layer + 1) * bs] for layer in range(layers)}
         self._info = info.view(layers, bs)
 
