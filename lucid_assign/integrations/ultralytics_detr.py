@@ -203,7 +203,9 @@ class LucidHungarianMatcher(torch.nn.Module):
     # Pickled (the trainers of early releases save the model with its loss) without the peer's matcher, whose class
     # pickle cannot name while patched (the name is this class's); it is built again from the same arguments.
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_peer_matcher"}
+        state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__)
+        state.pop("_peer_matcher", None)
+        return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
