@@ -83,11 +83,10 @@ def table() -> str:
     for gpu, torch_version, cuda in sorted(envs):
         when = " to ".join(dict.fromkeys([dates[0], dates[-1]]))
         commands = ", ".join(f"`{_command(r['args'])}`" for r in records)
-        lines += textwrap.wrap(f"{gpu}, torch {torch_version} (CUDA {cuda}), {when}: {commands} (the median of the "
-                               "timed calls of the Python API, with CUDA events; peak memory from the caching "
-                               "allocator, outputs included; records in `docs/bench-cuda-*.json`, this table from "
-                               "them by `python scripts/figures.py`):", 120, break_long_words=False,
-                               break_on_hyphens=False)
+        lines += _wrap(f"{gpu}, torch {torch_version} (CUDA {cuda}), {when}: {commands} (the median of the timed "
+                       "calls of the Python API, with CUDA events; peak memory from the caching allocator, outputs "
+                       "included; records in `docs/bench-cuda-*.json`, this table from them by `python "
+                       "scripts/figures.py`):")
     fits = _records("bench-fit-")
     if fits:
         lines += [""] + _wrap(_fit_header(fits))

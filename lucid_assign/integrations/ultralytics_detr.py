@@ -238,8 +238,9 @@ class LucidHungarianMatcher(torch.nn.Module):
     def _from_layers(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups: list, where: Layout, backend: str):
         """This call's matches from a LayerMatches of every layer of its inputs' stack (made at the stack's first
         call), or None where the call is not one layer of a stack or the cost is not computed in one pass."""
-        boxes_of, scores_of = _layer_of(pred_bboxes), _layer_of(pred_scores)
-        if boxes_of is None or scores_of is None or boxes_of[1] != scores_of[1]:
+        boxes_of = _layer_of(pred_bboxes)
+        scores_of = None if boxes_of is None else _layer_of(pred_scores)
+        if scores_of is None or boxes_of[1] != scores_of[1]:
             return None
         (boxes, layer), (scores, _) = boxes_of, scores_of
         if boxes.shape[0] != scores.shape[0]:
