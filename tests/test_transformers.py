@@ -193,7 +193,7 @@ def test_patch_report_unpatch_and_a_class_that_differs(library, monkeypatch):
     lt.unpatch()
     assert not lt.is_patched() and all(vars(cls)["forward"] is own[cls] for cls in classes.values())
     # a patched class whose first call differs from the matcher's own goes back to it, said once
-    monkeypatch.setattr(lt, "match", lambda cost, sizes, groups=1, backend="auto": [
+    monkeypatch.setattr(lt, "match", lambda cost, sizes, groups=1, backend="auto", check=False: [
         (torch.arange(min(n, cost.shape[1]) - 1, -1, -1), torch.arange(min(n, cost.shape[1])))
         for n in sizes])
     make, matcher = FAMILIES["DETR"][:2]
@@ -207,6 +207,53 @@ def test_patch_report_unpatch_and_a_class_that_differs(library, monkeypatch):
             ours = _loss(model, inputs, labels)
         assert f"{matcher}: left to transformers (its first call matched differently)" in lt.patch_report()
     assert torch.equal(plain[0], ours[0])
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("backend", ["kernel", "reference"])
+def test_costs_scipy_refuses_raise_scipys_error(library, device, backend, monkeypatch):
+    """transformers before 5.18 hands NaN and infinite costs to SciPy, which refuses them with a ValueError: a patched
+    matcher of those versions raises the same error, where a matcher that replaces them (5.18 and later) never
+    checks. The first problem SciPy's loop refuses gives the words: LW-DETR's loop runs over the groups, then the
+    images."""
+    cls = lt._classes()["DeformableDetrHungarianMatcher"]
+    own = vars(cls)["forward"]
+    assert lt._sanitizes(own)  # the tests' transformers (5.23) replaces them
+
+    def before_5_18(self, outputs, targets):  # SciPy sees the cost as the matcher computed it
+        return own(self, outputs, targets)
+
+    monkeypatch.setattr(cls, "forward", before_5_18)
+    monkeypatch.setattr(torch, "nan_to_num", lambda t, **_: t)
+    assert not lt._sanitizes(before_5_18)
+    matcher = cls(class_cost=2, bbox_cost=5, giou_cost=2)
+    g = torch.Generator().manual_seed(0)
+    outputs = {"logits": torch.randn(2, 6, 4, generator=g).to(device),
+               "pred_boxes": (0.25 + 0.5 * torch.rand(2, 6, 4, generator=g)).to(device)}
+    targets = [{k: v.to(device) for k, v in t.items()} for t in _labels([2, 3], duplicate=False)]
+    bad = dict(outputs, logits=outputs["logits"].clone())
+    bad["logits"][1, 4, 0] = float("nan")
+    with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+        matcher(bad, targets)  # transformers' own
+    with lt.patched(backend):
+        assert lt._same(matcher(outputs, targets), own(matcher, outputs, targets))  # the first call's check
+        with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+            matcher(bad, targets)
+        assert lt._same(matcher(outputs, targets), own(matcher, outputs, targets))
+    # the order of SciPy's loop: image 0's group 1 is infeasible, image 1's group 0 holds NaN: the groups come first
+    cost = torch.rand(2, 4, 5, generator=g)
+    cost[0, 2:, :2] = float("inf")
+    cost[1, 0, 3] = float("nan")
+    with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+        _scipy_groups(cost, [2, 3], 2)
+    with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+        lt.match(cost.to(device), [2, 3], 2, backend, check=True)
+    first = cost[:1, :, :2]  # image 0 alone: feasible as one group of four queries, not as two of two
+    assert lt._same(lt.match(first.to(device), [2], 1, backend, check=True), _scipy_groups(first, [2], 1))
+    with pytest.raises(ValueError, match="^cost matrix is infeasible$"):
+        _scipy_groups(first, [2], 2)
+    with pytest.raises(ValueError, match="^cost matrix is infeasible$"):
+        lt.match(first.to(device), [2], 2, backend, check=True)
 
 
 def test_the_cost_is_taken_only_in_the_patched_forwards_thread():

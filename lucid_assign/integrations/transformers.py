@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import logging
 import threading
 import warnings
@@ -152,9 +153,13 @@ def _layout(sizes: tuple, queries: int, groups: int, device: torch.device) -> La
     return Layout(parts[0].view(images, width), parts[1], parts[2], (k * groups).tolist(), parts[3])
 
 
-def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto") -> list:
+def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto", check: bool = False) -> list:
     """The matcher's result from its (batch, queries, all objects) cost: SciPy's matches of each image (and group),
-    as (queries ascending, objects of the image) int64 tensors on the cost's device, without synchronising."""
+    as (queries ascending, objects of the image) int64 tensors on the cost's device, without synchronising.
+
+    ``check``: raise SciPy's ValueError, with SciPy's words, where a problem's cost holds NaN or -inf or admits no
+    complete matching, as the matcher's loop over SciPy would (one synchronisation); for matchers whose cost can hold
+    such values (those that do not replace them, see _sanitizes)."""
     bs, nq, total = cost.shape
     if total == 0 or bs == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=cost.device)
@@ -165,9 +170,14 @@ def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto
     per_group = nq // groups
     problems = padded[:, : per_group * groups].reshape(bs * groups, per_group, width)
     if api.resolve_backend(backend) == "reference":
-        rows, cols, _ = api.lsap.linear_sum_assignment(problems, where.sizes)
+        rows, cols, info = api.lsap.linear_sum_assignment(problems, where.sizes)
     else:
-        rows, cols, _ = ops.linear_sum_assignment(problems, where.sizes)
+        rows, cols, info = ops.linear_sum_assignment(problems, where.sizes)
+    if check:  # the first problem SciPy's loop would refuse: the groups' loop outside the images' (LW-DETR's order)
+        codes = info.view(bs, groups).t().reshape(-1).tolist()
+        refused = next((code for code in codes if code), 0)
+        if refused:
+            raise ValueError(api.lsap.INFO_MESSAGES[refused])
     queries = (rows.reshape(-1)[where.pairs] + where.query_offset).split_with_sizes(where.per_image)
     objects = cols.reshape(-1)[where.pairs].split_with_sizes(where.per_image)
     return list(zip(queries, objects))
@@ -178,7 +188,20 @@ def _same(ours: list, theirs: list) -> bool:
         torch.equal(a.cpu(), c.cpu()) and torch.equal(b.cpu(), d.cpu()) for (a, b), (c, d) in zip(ours, theirs))
 
 
+def _sanitizes(own) -> bool:
+    """Whether a matcher's forward replaces NaN and infinite costs before its copy to the host (transformers 5.18 and
+    later: ``torch.nan_to_num``), so that SciPy never refuses them; read from its source. Earlier versions pass such
+    costs to SciPy, which raises: their patched calls check the op's status (one synchronisation) to raise as well.
+    Without its source a matcher is checked."""
+    try:
+        return "nan_to_num" in inspect.getsource(own)
+    except (OSError, TypeError):
+        return False
+
+
 def _patched_forward(cls, own, spec: Matcher):
+    check = not _sanitizes(own)
+
     @functools.wraps(own)
     def forward(self, outputs, targets, *args, **kwargs):
         if _verified.get(cls) is False or not _runs_here(outputs):
@@ -200,7 +223,7 @@ def _patched_forward(cls, own, spec: Matcher):
         groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
         sizes = [len(t[spec.sizes_key]) for t in targets]
         with torch.no_grad():
-            ours = match(cost.detach(), sizes, groups, _backend)
+            ours = match(cost.detach(), sizes, groups, _backend, check)
         if checking:  # once per class and process: against the matcher's own forward
             theirs = own(self, outputs, targets, *args, **kwargs)
             _verified[cls] = _same(ours, theirs)
