@@ -103,18 +103,38 @@ def test_demo_runs(capsys):
     assert "objects left with no positive" in text and "reference assign" in text
 
 
-def _fit_time():
+def _bench_script(name: str):
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "fit_time.py")
-    spec = importlib.util.spec_from_file_location("fit_time", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    path = os.path.join(folder, f"{name}.py")
+    sys.path.insert(0, folder)  # the scripts import their neighbours
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
     return path, module
 
 
+def test_lsap_steps_counts_the_searches(capsys):
+    """bench/lsap_steps.py: the steps of SciPy's searches, counted by hand on small problems (a search that finds a
+    free column at once is one step; an augmenting path through a matched column two), then a tiny model's loss."""
+    pytest.importorskip("transformers")
+    _, lsap_steps = _bench_script("lsap_steps")
+    assert lsap_steps.steps(1 - torch.eye(4, dtype=torch.float64)) == 4  # each row's best column is free
+    assert lsap_steps.steps(torch.full((3, 3), 2.0, dtype=torch.float64)) == 3  # ties: a free column at once
+    # row 0 takes column 0; row 1 reaches column 0 first (matched), then row 0's way to the free column 1
+    assert lsap_steps.steps(torch.tensor([[0.0, 1.0], [0.0, 5.0]], dtype=torch.float64)) == 3
+    assert lsap_steps.steps(torch.tensor([[0.0, 1.0], [0.0, 5.0], [9.0, 9.0]], dtype=torch.float64)) == 3  # tall
+    lsap_steps.main(["--batch", "1", "--imgsz", "128", "--objects", "3"])  # 128 px: 336 proposals
+    out = capsys.readouterr().out
+    assert "7 matcher calls" in out and "call 7:" in out
+
+
 def test_fit_recipes_object_counts():
-    _, fit_time = _fit_time()
+    _, fit_time = _bench_script("fit_time")
     counts = fit_time.object_counts(fit_time.RECIPES["dota-obb"].counts, 2001)
     assert counts[0] == 1200 and 1 <= min(counts) and max(counts) <= 1500
     assert 50 <= sorted(counts)[1000] <= 72  # a median near 60 (a log-normal's median is its exp(mu))
@@ -127,7 +147,7 @@ def test_fit_benchmark_runs_complete_fits_on_the_cpu(tmp_path, library):
     metrics (the benchmark exits 1 when they differ)."""
     pytest.importorskip("ultralytics")
     pytest.importorskip("cv2")
-    path, _ = _fit_time()
+    path, _ = _bench_script("fit_time")
     out = tmp_path / "fit.json"
     run = subprocess.run([sys.executable, path, "--recipe", "dota-obb", "--device", "cpu", "--amp", "false",
                           "--images", "4", "--imgsz", "64", "--epochs", "2", "--pairs", "1", "--workers", "0",
