@@ -2,6 +2,7 @@
 tiny config (no weights, no downloads), one training loss call unpatched and one patched, the same matches and the
 same loss and gradients, bit for bit; the grouped matching of LW-DETR and RF-DETR against SciPy's per-group loop."""
 
+import contextlib
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -28,11 +29,11 @@ def _resnet():
                            out_features=["stage2", "stage3", "stage4"])
 
 
-def _detr_like(config_cls, model_cls, **more):
+def _detr_like(config_cls, model_cls, decoder_layers=2, **more):
     config = config_cls(use_timm_backbone=False, backbone_config=_resnet(), use_pretrained_backbone=False,
-                        encoder_layers=1, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
-                        encoder_ffn_dim=16, decoder_ffn_dim=16, num_queries=12, num_labels=4, auxiliary_loss=True,
-                        **more)
+                        encoder_layers=1, decoder_layers=decoder_layers, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, num_queries=12, num_labels=4,
+                        auxiliary_loss=True, **more)
     return model_cls(config)
 
 
@@ -143,18 +144,96 @@ def test_each_family_gives_the_same_loss_patched(library, family, device, monkey
     if spec.text:
         labels = [dict(t, class_labels=t["class_labels"] % 3) for t in labels]
     plain = _loss(model, inputs, labels)
-    if device == "cuda":  # every call checked as a first call is: against the matcher's own forward
-        monkeypatch.setattr(lt, "_verified", type("EveryCall", (dict,), {"__contains__": lambda self, key: False})())
     with lt.patched("kernel"):
         assert f"{spec.matcher}: patched" in lt.patch_report()
-        ours = _loss(model, inputs, labels)
         cls = next(c for c in lt._originals if c.__name__ == spec.matcher)
-        assert lt._verified.get(cls) is True  # its first call (CUDA: every call) matched as the matcher's own
+        with _each_call_compared(cls) as calls:
+            ours = _loss(model, inputs, labels)
+            again = _loss(model, inputs, labels)  # after the first call's check: the layers matched at once
+        assert calls and all(calls)  # every call's matches were the matcher's own on that call's inputs
+        assert lt._verified.get(cls) is True  # its first call matched as the matcher's own
     if device == "cuda":
         return
-    assert torch.equal(plain[0], ours[0]), (plain[0], ours[0])
-    assert plain[1].keys() == ours[1].keys() and all(torch.equal(plain[1][k], ours[1][k]) for k in plain[1])
-    assert plain[2].keys() == ours[2].keys() and all(torch.equal(plain[2][k], ours[2][k]) for k in plain[2])
+    for run in (ours, again):
+        assert torch.equal(plain[0], run[0]), (plain[0], run[0])
+        assert plain[1].keys() == run[1].keys() and all(torch.equal(plain[1][k], run[1][k]) for k in plain[1])
+        assert plain[2].keys() == run[2].keys() and all(torch.equal(plain[2][k], run[2][k]) for k in plain[2])
+
+
+@contextlib.contextmanager
+def _each_call_compared(cls):
+    """Each call of the patched class also runs the matcher's own forward on the same inputs (SciPy on the host) and
+    from the same state of the random generators (RF-DETR's mask cost draws points), leaving them where the patched
+    call did; the list says for each call whether the two matched alike."""
+    patched_forward, own, calls = cls.forward, lt._originals[cls], []
+
+    def compared(self, outputs, targets, *args, **kwargs):
+        devices = lt._cuda_devices(outputs)
+        before = torch.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+        ours = patched_forward(self, outputs, targets, *args, **kwargs)
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(before[0])
+            for d, state in zip(devices, before[1]):
+                torch.cuda.set_rng_state(state, d)
+            calls.append(lt._same(ours, own(self, outputs, targets, *args, **kwargs)))
+        return ours
+
+    cls.forward = compared
+    try:
+        yield calls
+    finally:
+        cls.forward = patched_forward
+
+
+@pytest.mark.parametrize("family", ["DETR", "Deformable DETR", "RT-DETR"])
+def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, monkeypatch):
+    """The decoder layers' calls of one loss call share one call of the op (after the class's first call, which is
+    checked on its own): fewer solves than matcher calls, each call's matches the matcher's own."""
+    solves = []
+    match_costs = lt._match_costs
+    monkeypatch.setattr(lt, "_match_costs", lambda costs, *a: solves.append(len(costs)) or match_costs(costs, *a))
+    spec = FAMILIES[family]
+    torch.manual_seed(0)
+    # DETR matches its last layer apart from the others (not a view of their stack): three layers, two of a stack
+    model = _detr_like(tf.DetrConfig, tf.DetrForObjectDetection, 3, d_model=16) if family == "DETR" else spec.make()
+    model.train()
+    inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(2))}
+    labels = _labels([3, 0, 6])
+    with lt.patched("kernel"):
+        cls = next(c for c in lt._originals if c.__name__ == spec.matcher)
+        _loss(model, inputs, labels)  # the class's first call, checked
+        solves.clear()
+        with _each_call_compared(cls) as calls:
+            _loss(model, inputs, labels)
+    assert all(calls) and max(solves) >= 2 and len(solves) < len(calls), (solves, calls)
+
+
+def test_layer_matches_follow_their_inputs(library):
+    """A layer's matches are served from its stack's first call only while the stack, the objects and the view are
+    what they were: after an in-place change, with other objects, or on another slice, the call matches afresh."""
+    cls = lt._classes()["RTDetrHungarianMatcher"]
+    matcher = cls(tf.RTDetrConfig(num_labels=4))
+    own = vars(cls)["forward"]
+    g = torch.Generator().manual_seed(3)
+    logits, boxes = torch.randn(2, 3, 10, 4, generator=g), 0.2 + 0.6 * torch.rand(2, 3, 10, 4, generator=g)
+    targets = _labels([3, 2], seed=1)
+
+    def layer(k, queries=slice(0, 8)):  # (B, L, Q, C) stacks, the loss's views of layer k
+        return {"logits": logits[:, k, queries], "pred_boxes": boxes[:, k, queries]}
+
+    with lt.patched("kernel"):
+        matcher(layer(2), targets)  # the class's first call, checked
+        for k in (2, 0, 1):  # 2 matches all three layers at once; 0 and 1 are served
+            assert lt._same(matcher(layer(k), targets), own(matcher, layer(k), targets))
+        assert lt._STACKS.get(matcher) is not None and not lt._STACKS[matcher]._layers
+        matcher(layer(2), targets)  # a new pass over the stack: all its layers again
+        logits[:, 1] = logits[:, 1].flip(1)  # in place: layer 1's served matches would be stale
+        assert lt._same(matcher(layer(1), targets), own(matcher, layer(1), targets))
+        matcher(layer(2), targets)
+        other = _labels([2, 3], seed=4)
+        assert lt._same(matcher(layer(0), other), own(matcher, layer(0), other))
+        matcher(layer(2), targets)
+        assert lt._same(matcher(layer(0, slice(2, 10)), targets), own(matcher, layer(0, slice(2, 10)), targets))
 
 
 def _scipy_groups(cost, sizes, groups):

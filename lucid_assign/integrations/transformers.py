@@ -26,6 +26,7 @@ import inspect
 import logging
 import threading
 import warnings
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -40,16 +41,18 @@ class Matcher(NamedTuple):
     module: str  # where transformers defines it
     sizes_key: str  # the targets' key whose length is an image's object count (the matcher's own)
     grouped: bool  # forward(outputs, targets, group_detr): the queries in group_detr groups, each matched alone
+    layered: bool  # its cost reads only outputs["logits"] and outputs["pred_boxes"], and draws no random numbers:
+    # the layers of a decoder's stacked outputs can be matched at once (_from_layers)
 
 
 # transformers 5.x, transformers/loss/ (docs/usage.md, "transformers")
 MATCHERS = {
-    "HungarianMatcher": Matcher("transformers.loss.loss_for_object_detection", "boxes", False),
-    "DeformableDetrHungarianMatcher": Matcher("transformers.loss.loss_deformable_detr", "boxes", False),
-    "RTDetrHungarianMatcher": Matcher("transformers.loss.loss_rt_detr", "boxes", False),
-    "LwDetrHungarianMatcher": Matcher("transformers.loss.loss_lw_detr", "boxes", True),
-    "RfDetrHungarianMatcher": Matcher("transformers.loss.loss_rf_detr", "masks", True),
-    "GroundingDinoHungarianMatcher": Matcher("transformers.loss.loss_grounding_dino", "boxes", False),
+    "HungarianMatcher": Matcher("transformers.loss.loss_for_object_detection", "boxes", False, True),
+    "DeformableDetrHungarianMatcher": Matcher("transformers.loss.loss_deformable_detr", "boxes", False, True),
+    "RTDetrHungarianMatcher": Matcher("transformers.loss.loss_rt_detr", "boxes", False, True),
+    "LwDetrHungarianMatcher": Matcher("transformers.loss.loss_lw_detr", "boxes", True, False),
+    "RfDetrHungarianMatcher": Matcher("transformers.loss.loss_rf_detr", "masks", True, False),
+    "GroundingDinoHungarianMatcher": Matcher("transformers.loss.loss_grounding_dino", "boxes", False, False),
 }
 
 _state = threading.RLock()
@@ -160,27 +163,49 @@ def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto
     ``check``: raise SciPy's ValueError, with SciPy's words, where a problem's cost holds NaN or -inf or admits no
     complete matching, as the matcher's loop over SciPy would (one synchronisation); for matchers whose cost can hold
     such values (those that do not replace them, see _sanitizes)."""
-    bs, nq, total = cost.shape
+    results, info = _match_costs([cost], sizes, groups, backend)
+    if check:
+        _raise_refused(info[0])
+    return results[0]
+
+
+def _match_costs(costs: list, sizes: list, groups: int, backend: str) -> tuple:
+    """``match`` of several costs of one shape against the same objects (the layers of a decoder), all their problems
+    in one call of the op: (each cost's result, the op's status as (costs, images, groups), or None without
+    problems)."""
+    bs, nq, total = costs[0].shape
     if total == 0 or bs == 0:
-        empty = torch.zeros(0, dtype=torch.int64, device=cost.device)
-        return [(empty, empty) for _ in range(bs)]
-    where = layout(sizes, nq, groups, cost.device)
+        empty = torch.zeros(0, dtype=torch.int64, device=costs[0].device)
+        return [[(empty, empty) for _ in range(bs)] for _ in costs], None
+    where = layout(sizes, nq, groups, costs[0].device)
     width = where.columns.shape[1]
-    padded = cost.gather(2, where.columns[:, None, :].expand(bs, nq, width))  # each image's objects first (exact)
+    columns = where.columns[:, None, :].expand(bs, nq, width)
     per_group = nq // groups
-    problems = padded[:, : per_group * groups].reshape(bs * groups, per_group, width)
+    # each image's objects first (a gather: exact), its queries in groups: problem b * groups + g of each cost
+    problems = torch.cat([cost.gather(2, columns)[:, : per_group * groups] for cost in costs])
+    problems = problems.reshape(len(costs) * bs * groups, per_group, width)
+    sizes_of = where.sizes if len(costs) == 1 else where.sizes.repeat(len(costs))
     if api.resolve_backend(backend) == "reference":
-        rows, cols, info = api.lsap.linear_sum_assignment(problems, where.sizes)
+        rows, cols, info = api.lsap.linear_sum_assignment(problems, sizes_of)
     else:
-        rows, cols, info = ops.linear_sum_assignment(problems, where.sizes)
-    if check:  # the first problem SciPy's loop would refuse: the groups' loop outside the images' (LW-DETR's order)
-        codes = info.view(bs, groups).t().reshape(-1).tolist()
-        refused = next((code for code in codes if code), 0)
-        if refused:
-            raise ValueError(api.lsap.INFO_MESSAGES[refused])
-    queries = (rows.reshape(-1)[where.pairs] + where.query_offset).split_with_sizes(where.per_image)
-    objects = cols.reshape(-1)[where.pairs].split_with_sizes(where.per_image)
-    return list(zip(queries, objects))
+        rows, cols, info = ops.linear_sum_assignment(problems, sizes_of)
+    rows, cols = rows.view(len(costs), -1), cols.view(len(costs), -1)
+    results = []
+    for n in range(len(costs)):
+        queries = (rows[n][where.pairs] + where.query_offset).split_with_sizes(where.per_image)
+        objects = cols[n][where.pairs].split_with_sizes(where.per_image)
+        results.append(list(zip(queries, objects)))
+    return results, info.view(len(costs), bs, groups)
+
+
+def _raise_refused(info: torch.Tensor | None) -> None:
+    """SciPy's ValueError for the first problem (images, groups) that SciPy's loop would refuse: the groups' loop is
+    outside the images' (LW-DETR's order). Reads ``info``: one synchronisation."""
+    if info is None:
+        return
+    refused = next((code for code in info.t().reshape(-1).tolist() if code), 0)
+    if refused:
+        raise ValueError(api.lsap.INFO_MESSAGES[refused])
 
 
 def _same(ours: list, theirs: list) -> bool:
@@ -207,6 +232,10 @@ def _patched_forward(cls, own, spec: Matcher):
         if _verified.get(cls) is False or not _runs_here(outputs):
             return own(self, outputs, targets, *args, **kwargs)
         checking = cls not in _verified
+        if spec.layered and not checking and not args and not kwargs:
+            found = _from_layers(self, own, outputs, targets, [len(t[spec.sizes_key]) for t in targets], check)
+            if found is not None:
+                return found
         # A checked call runs the matcher twice, and a cost may draw random numbers (RF-DETR's mask points): the taken
         # run draws from a copy of the generators, so that the matcher's own run draws the same numbers (the same
         # cost) and leaves the generators as an unpatched call does.
@@ -238,6 +267,126 @@ def _patched_forward(cls, own, spec: Matcher):
 
     forward.__lucid_patched__ = True
     return forward
+
+
+# --- the layers of one loss call matched at once ------------------------------------------------------------------
+# The losses call the matcher once per decoder layer (RT-DETR: the last layer, then the others as auxiliary outputs,
+# then the encoder's proposals), each call on one layer of the decoder's stacked outputs (a view of a (B, L, Q, C) or
+# (L, B, Q, C) tensor). The first call on a layer of a stack computes the cost of every layer of that stack with the
+# matcher's own forward (each layer's view as the loss would pass it: the same elements, strides and operations, so
+# the same cost) and matches their problems in one call of the op, so that the layers' solves run side by side on the
+# device; the later calls take their layer's matches. The problems are independent, so each layer's matches are
+# those of a call of its own.
+MAX_LAYERS = 16
+_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # matcher -> its last stack's _Layers
+
+
+class _Layer(NamedTuple):
+    stack: torch.Tensor  # the tensor whose elements hold every layer (the view's base)
+    step: int  # elements from one layer to the next
+    layer: int  # the view's layer
+    layers: int
+    where: int  # the view's first element in its layer
+
+
+def _layer_of(t) -> _Layer | None:
+    """Where ``t`` sits in the stacked outputs of a decoder's layers, or None. Two shapes of stack: ``t`` is
+    ``stack.select(dim, layer)`` sliced along the other dims (indexing and splitting a (B, L, Q, C) or (L, B, Q, C)
+    tensor), or a contiguous block of a contiguous stack (a head's output over the flattened layers, viewed as (L, B,
+    Q, C)); 2 to MAX_LAYERS layers. Any view of the same storage with the same geometry is served the same cost, so
+    a stack that is not a decoder's costs work, never a wrong match."""
+    if type(t) is not torch.Tensor or type(t._base) is not torch.Tensor:  # a subclass (a trace's fake tensor, say)
+        return None
+    stack = t._base
+    if stack.dtype != t.dtype or not stack.is_contiguous() or t.numel() == 0:
+        return None
+    offset = t.storage_offset() - stack.storage_offset()
+    if stack.dim() == t.dim() + 1 and min(stack.stride()) > 0:
+        index = [(offset // stride) % size for size, stride in zip(stack.shape, stack.stride())]
+        if sum(i * stride for i, stride in zip(index, stack.stride())) == offset:
+            for dim in range(stack.dim()):
+                rest = [k for k in range(stack.dim()) if k != dim]
+                if (1 < stack.shape[dim] <= MAX_LAYERS and tuple(stack.stride(k) for k in rest) == t.stride()
+                        and all(index[k] + t.shape[j] <= stack.shape[k] for j, k in enumerate(rest))):
+                    step = stack.stride(dim)
+                    return _Layer(stack, step, index[dim], stack.shape[dim], offset - index[dim] * step)
+    step = t.numel()
+    layers, rest = divmod(stack.numel(), step)
+    if t.is_contiguous() and offset % step == 0 and rest == 0 and 1 < layers <= MAX_LAYERS:
+        return _Layer(stack, step, offset // step, layers, 0)
+    return None
+
+
+def _layer_view(t: torch.Tensor, found: _Layer, other: int) -> torch.Tensor:
+    """Layer ``other``'s view of the stack, as ``t`` is its layer's."""
+    return found.stack.as_strided(t.shape, t.stride(), t.storage_offset() + (other - found.layer) * found.step)
+
+
+def _state_of(m, outputs: dict, targets: list) -> tuple:
+    """What a layer's matches depend on besides its layer: the stacks and the views' geometry (with the tensors'
+    version counters: unchanged), the objects (the targets' tensors, unchanged) and the matcher's settings."""
+    views = tuple((outputs[k].shape, outputs[k].stride(), outputs[k]._base._version)
+                  for k in ("logits", "pred_boxes"))
+    objects = tuple((k, id(v), v._version) for t in targets for k, v in t.items() if isinstance(v, torch.Tensor))
+    settings = tuple(sorted((k, v) for k, v in vars(m).items() if isinstance(v, (bool, int, float, str))))
+    return views, objects, settings
+
+
+class _Layers:
+    """Every layer's matches of one stack against one batch of objects, each handed out once. It keeps weak
+    references to the stacks and the targets' tensors (never the autograd graph alive) and serves a later call only
+    while they are the same tensors, unchanged, in the same geometry and with the matcher's same settings."""
+
+    def __init__(self, found: tuple, results: list, info, state: tuple, refs: list):
+        self._stacks = tuple(weakref.ref(f.stack) for f in found)
+        self._refs = refs
+        self._where = tuple((f.step, f.layers, f.where) for f in found)
+        self._state = state
+        self._layers = dict(enumerate(results))
+        self._info = info
+
+    def take(self, m, outputs: dict, targets: list, found: tuple, check: bool):
+        layer = found[0].layer
+        if (layer not in self._layers or tuple((f.step, f.layers, f.where) for f in found) != self._where
+                or any(ref() is not f.stack for ref, f in zip(self._stacks, found))
+                or any(ref() is None for ref in self._refs) or _state_of(m, outputs, targets) != self._state):
+            return None
+        if check:
+            _raise_refused(None if self._info is None else self._info[layer])
+        return self._layers.pop(layer)
+
+
+def _from_layers(m, own, outputs, targets: list, sizes: list, check: bool):
+    """This call's matches from every layer of its outputs' stack (matched at the stack's first call), or None where
+    its outputs are not one layer of a stack (the encoder's proposals, say) or a layer's cost could not be taken."""
+    if not isinstance(outputs, dict) or not all(isinstance(t, dict) for t in targets):
+        return None
+    logits, boxes = outputs.get("logits"), outputs.get("pred_boxes")
+    found = (_layer_of(logits), _layer_of(boxes))
+    if None in found or found[0].layer != found[1].layer or found[0].layers != found[1].layers:
+        return None
+    memo = _STACKS.get(m)
+    if memo is not None:
+        taken = memo.take(m, outputs, targets, found, check)
+        if taken is not None:
+            return taken
+    costs = []
+    for other in range(found[0].layers):
+        view = {"logits": _layer_view(logits, found[0], other), "pred_boxes": _layer_view(boxes, found[1], other)}
+        try:
+            with _take_cost():
+                own(m, view, targets)
+        except _Cost as taken:
+            costs.append(taken.cost.detach())
+        except Exception:  # a layer the matcher refuses: every call on its own, the refusal at that layer's call
+            return None
+        else:
+            return None
+    with torch.no_grad():
+        results, info = _match_costs(costs, sizes, 1, _backend)
+    refs = [weakref.ref(v) for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
+    memo = _STACKS[m] = _Layers(found, results, info, _state_of(m, outputs, targets), refs)
+    return memo.take(m, outputs, targets, found, check)
 
 
 def _cuda_devices(outputs) -> list:
