@@ -37,13 +37,13 @@ def _detr_like(config_cls, model_cls, decoder_layers=2, **more):
     return model_cls(config)
 
 
-def _lw_detr():
+def _lw_detr(decoder_layers=2):
     backbone = tf.LwDetrViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=64,
                                   pretrain_image_size=64, patch_size=16, window_block_indices=[0], num_windows=4,
                                   out_indices=[1, 2])
     return tf.LwDetrForObjectDetection(tf.LwDetrConfig(
         backbone_config=backbone, projector_scale_factors=[1.0], d_model=32, num_queries=12, group_detr=3,
-        decoder_layers=2, decoder_self_attention_heads=2, decoder_cross_attention_heads=2, decoder_ffn_dim=32,
+        decoder_layers=decoder_layers, decoder_self_attention_heads=2, decoder_cross_attention_heads=2, decoder_ffn_dim=32,
         decoder_n_points=2, num_labels=4))
 
 
@@ -185,17 +185,20 @@ def _each_call_compared(cls):
         cls.forward = patched_forward
 
 
-@pytest.mark.parametrize("family", ["DETR", "Deformable DETR", "RT-DETR"])
+@pytest.mark.parametrize("family", ["DETR", "Deformable DETR", "RT-DETR", "LW-DETR"])
 def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, monkeypatch):
     """The decoder layers' calls of one loss call share one call of the op (after the class's first call, which is
-    checked on its own): fewer solves than matcher calls, each call's matches the matcher's own."""
+    checked on its own): fewer solves than matcher calls, each call's matches the matcher's own (LW-DETR: in query
+    groups)."""
     solves = []
     match_costs = lt._match_costs
     monkeypatch.setattr(lt, "_match_costs", lambda costs, *a: solves.append(len(costs)) or match_costs(costs, *a))
     spec = FAMILIES[family]
     torch.manual_seed(0)
-    # DETR matches its last layer apart from the others (not a view of their stack): three layers, two of a stack
-    model = _detr_like(tf.DetrConfig, tf.DetrForObjectDetection, 3, d_model=16) if family == "DETR" else spec.make()
+    # DETR and LW-DETR match their last layer apart from the others (not a view of their stack): three layers, so
+    # that two calls are of a stack
+    model = {"DETR": lambda: _detr_like(tf.DetrConfig, tf.DetrForObjectDetection, 3, d_model=16),
+             "LW-DETR": lambda: _lw_detr(3)}.get(family, spec.make)()
     model.train()
     inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(2))}
     labels = _labels([3, 0, 6])
@@ -234,6 +237,14 @@ def test_layer_matches_follow_their_inputs(library):
         assert lt._same(matcher(layer(0), other), own(matcher, layer(0), other))
         matcher(layer(2), targets)
         assert lt._same(matcher(layer(0, slice(2, 10)), targets), own(matcher, layer(0, slice(2, 10)), targets))
+        # LW-DETR's query groups: a call with other groups than the stack's first call matches afresh
+        grouped = lt._classes()["LwDetrHungarianMatcher"]
+        lw, lw_own = grouped(class_cost=2, bbox_cost=5, giou_cost=2), lt._originals[grouped]
+        lw(layer(2), targets, 2)  # the class's first call, checked
+        lw(layer(2), targets, 2)
+        assert lt._same(lw(layer(1), targets, 4), lw_own(lw, layer(1), targets, 4))
+        lw(layer(2), targets, group_detr=2)
+        assert lt._same(lw(layer(0), targets, group_detr=2), lw_own(lw, layer(0), targets, 2))
 
 
 def _scipy_groups(cost, sizes, groups):

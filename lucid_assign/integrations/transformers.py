@@ -50,7 +50,7 @@ MATCHERS = {
     "HungarianMatcher": Matcher("transformers.loss.loss_for_object_detection", "boxes", False, True),
     "DeformableDetrHungarianMatcher": Matcher("transformers.loss.loss_deformable_detr", "boxes", False, True),
     "RTDetrHungarianMatcher": Matcher("transformers.loss.loss_rt_detr", "boxes", False, True),
-    "LwDetrHungarianMatcher": Matcher("transformers.loss.loss_lw_detr", "boxes", True, False),
+    "LwDetrHungarianMatcher": Matcher("transformers.loss.loss_lw_detr", "boxes", True, True),
     "RfDetrHungarianMatcher": Matcher("transformers.loss.loss_rf_detr", "masks", True, False),
     "GroundingDinoHungarianMatcher": Matcher("transformers.loss.loss_grounding_dino", "boxes", False, False),
 }
@@ -232,8 +232,10 @@ def _patched_forward(cls, own, spec: Matcher):
         if _verified.get(cls) is False or not _runs_here(outputs):
             return own(self, outputs, targets, *args, **kwargs)
         checking = cls not in _verified
-        if spec.layered and not checking and not args and not kwargs:
-            found = _from_layers(self, own, outputs, targets, [len(t[spec.sizes_key]) for t in targets], check)
+        groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
+        if spec.layered and not checking and len(args) + len(kwargs) == spec.grouped:
+            found = _from_layers(self, own, outputs, targets, [len(t[spec.sizes_key]) for t in targets], groups,
+                                 check, args, kwargs)
             if found is not None:
                 return found
         # A checked call runs the matcher twice, and a cost may draw random numbers (RF-DETR's mask points): the taken
@@ -249,7 +251,6 @@ def _patched_forward(cls, own, spec: Matcher):
             _verified[cls] = False
             _say_once(f"lucid-assign: transformers' {cls.__name__} copied no cost to the host; it runs as it is")
             return own(self, outputs, targets, *args, **kwargs) if checking else result
-        groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
         sizes = [len(t[spec.sizes_key]) for t in targets]
         with torch.no_grad():
             ours = match(cost.detach(), sizes, groups, _backend, check)
@@ -322,14 +323,15 @@ def _layer_view(t: torch.Tensor, found: _Layer, other: int) -> torch.Tensor:
     return found.stack.as_strided(t.shape, t.stride(), t.storage_offset() + (other - found.layer) * found.step)
 
 
-def _state_of(m, outputs: dict, targets: list) -> tuple:
+def _state_of(m, outputs: dict, targets: list, groups: int) -> tuple:
     """What a layer's matches depend on besides its layer: the stacks and the views' geometry (with the tensors'
-    version counters: unchanged), the objects (the targets' tensors, unchanged) and the matcher's settings."""
+    version counters: unchanged), the objects (the targets' tensors, unchanged), the query groups and the matcher's
+    settings."""
     views = tuple((outputs[k].shape, outputs[k].stride(), outputs[k]._base._version)
                   for k in ("logits", "pred_boxes"))
     objects = tuple((k, id(v), v._version) for t in targets for k, v in t.items() if isinstance(v, torch.Tensor))
     settings = tuple(sorted((k, v) for k, v in vars(m).items() if isinstance(v, (bool, int, float, str))))
-    return views, objects, settings
+    return views, objects, groups, settings
 
 
 class _Layers:
@@ -345,20 +347,21 @@ class _Layers:
         self._layers = dict(enumerate(results))
         self._info = info
 
-    def take(self, m, outputs: dict, targets: list, found: tuple, check: bool):
+    def take(self, m, outputs: dict, targets: list, groups: int, found: tuple, check: bool):
         layer = found[0].layer
         if (layer not in self._layers or tuple((f.step, f.layers, f.where) for f in found) != self._where
                 or any(ref() is not f.stack for ref, f in zip(self._stacks, found))
-                or any(ref() is None for ref in self._refs) or _state_of(m, outputs, targets) != self._state):
+                or any(ref() is None for ref in self._refs) or _state_of(m, outputs, targets, groups) != self._state):
             return None
         if check:
             _raise_refused(None if self._info is None else self._info[layer])
         return self._layers.pop(layer)
 
 
-def _from_layers(m, own, outputs, targets: list, sizes: list, check: bool):
+def _from_layers(m, own, outputs, targets: list, sizes: list, groups: int, check: bool, args: tuple, kwargs: dict):
     """This call's matches from every layer of its outputs' stack (matched at the stack's first call), or None where
-    its outputs are not one layer of a stack (the encoder's proposals, say) or a layer's cost could not be taken."""
+    its outputs are not one layer of a stack (the encoder's proposals, say) or a layer's cost could not be taken.
+    ``args`` and ``kwargs``: the call's own beyond outputs and targets (LW-DETR's group_detr)."""
     if not isinstance(outputs, dict) or not all(isinstance(t, dict) for t in targets):
         return None
     logits, boxes = outputs.get("logits"), outputs.get("pred_boxes")
@@ -367,7 +370,7 @@ def _from_layers(m, own, outputs, targets: list, sizes: list, check: bool):
         return None
     memo = _STACKS.get(m)
     if memo is not None:
-        taken = memo.take(m, outputs, targets, found, check)
+        taken = memo.take(m, outputs, targets, groups, found, check)
         if taken is not None:
             return taken
     costs = []
@@ -375,7 +378,7 @@ def _from_layers(m, own, outputs, targets: list, sizes: list, check: bool):
         view = {"logits": _layer_view(logits, found[0], other), "pred_boxes": _layer_view(boxes, found[1], other)}
         try:
             with _take_cost():
-                own(m, view, targets)
+                own(m, view, targets, *args, **kwargs)
         except _Cost as taken:
             costs.append(taken.cost.detach())
         except Exception:  # a layer the matcher refuses: every call on its own, the refusal at that layer's call
@@ -383,10 +386,10 @@ def _from_layers(m, own, outputs, targets: list, sizes: list, check: bool):
         else:
             return None
     with torch.no_grad():
-        results, info = _match_costs(costs, sizes, 1, _backend)
+        results, info = _match_costs(costs, sizes, groups, _backend)
     refs = [weakref.ref(v) for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
-    memo = _STACKS[m] = _Layers(found, results, info, _state_of(m, outputs, targets), refs)
-    return memo.take(m, outputs, targets, found, check)
+    memo = _STACKS[m] = _Layers(found, results, info, _state_of(m, outputs, targets, groups), refs)
+    return memo.take(m, outputs, targets, groups, found, check)
 
 
 def _cuda_devices(outputs) -> list:
