@@ -191,8 +191,9 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, mon
     checked on its own): fewer solves than matcher calls, each call's matches the matcher's own (LW-DETR: in query
     groups)."""
     solves = []
-    match_costs = lt._match_costs
-    monkeypatch.setattr(lt, "_match_costs", lambda costs, *a: solves.append(len(costs)) or match_costs(costs, *a))
+    match_problems = lt._match_problems
+    monkeypatch.setattr(lt, "_match_problems",
+                        lambda problems, *a: solves.append(len(problems)) or match_problems(problems, *a))
     spec = FAMILIES[family]
     torch.manual_seed(0)
     # DETR and LW-DETR match their last layer apart from the others (not a view of their stack): three layers, so

@@ -163,39 +163,47 @@ def match(cost: torch.Tensor, sizes: list, groups: int = 1, backend: str = "auto
     ``check``: raise SciPy's ValueError, with SciPy's words, where a problem's cost holds NaN or -inf or admits no
     complete matching, as the matcher's loop over SciPy would (one synchronisation); for matchers whose cost can hold
     such values (those that do not replace them, see _sanitizes)."""
-    results, info = _match_costs([cost], sizes, groups, backend)
+    results, info = _match_problems([_problems(cost, sizes, groups)], cost.shape[:2], sizes, groups, backend,
+                                    cost.device)
     if check:
         _raise_refused(info[0])
     return results[0]
 
 
-def _match_costs(costs: list, sizes: list, groups: int, backend: str) -> tuple:
-    """``match`` of several costs of one shape against the same objects (the layers of a decoder), all their problems
-    in one call of the op: (each cost's result, the op's status as (costs, images, groups), or None without
-    problems)."""
-    bs, nq, total = costs[0].shape
+def _problems(cost: torch.Tensor, sizes: list, groups: int) -> torch.Tensor | None:
+    """The op's problems of a (batch, queries, all objects) cost: (batch * groups, queries per group, most objects),
+    each image's objects first (a gather: exact), its queries in groups (problem b * groups + g); None where the cost
+    holds none."""
+    bs, nq, total = cost.shape
     if total == 0 or bs == 0:
-        empty = torch.zeros(0, dtype=torch.int64, device=costs[0].device)
-        return [[(empty, empty) for _ in range(bs)] for _ in costs], None
-    where = layout(sizes, nq, groups, costs[0].device)
-    width = where.columns.shape[1]
-    columns = where.columns[:, None, :].expand(bs, nq, width)
+        return None
+    where = layout(sizes, nq, groups, cost.device)
     per_group = nq // groups
-    # each image's objects first (a gather: exact), its queries in groups: problem b * groups + g of each cost
-    problems = torch.cat([cost.gather(2, columns)[:, : per_group * groups] for cost in costs])
-    problems = problems.reshape(len(costs) * bs * groups, per_group, width)
-    sizes_of = where.sizes if len(costs) == 1 else where.sizes.repeat(len(costs))
+    padded = cost.gather(2, where.columns[:, None, :].expand(bs, nq, where.columns.shape[1]))
+    return padded[:, : per_group * groups].reshape(bs * groups, per_group, -1)
+
+
+def _match_problems(problems: list, shape: tuple, sizes: list, groups: int, backend: str, device) -> tuple:
+    """The matches of several costs' problems (the layers of a decoder, each cut by _problems from a cost of
+    ``shape`` (batch, queries) against the same objects, on ``device``), all solved in one call of the op: (each
+    cost's result, the op's status as (costs, images, groups), or None where there are no problems)."""
+    bs, nq = shape
+    if problems[0] is None:
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        return [[(empty, empty) for _ in range(bs)] for _ in problems], None
+    where = layout(sizes, nq, groups, device)
+    sizes_of = where.sizes if len(problems) == 1 else where.sizes.repeat(len(problems))
     if api.resolve_backend(backend) == "reference":
-        rows, cols, info = api.lsap.linear_sum_assignment(problems, sizes_of)
+        rows, cols, info = api.lsap.linear_sum_assignment(torch.cat(problems), sizes_of)
     else:
-        rows, cols, info = ops.linear_sum_assignment(problems, sizes_of)
-    rows, cols = rows.view(len(costs), -1), cols.view(len(costs), -1)
+        rows, cols, info = ops.linear_sum_assignment(torch.cat(problems), sizes_of)
+    rows, cols = rows.view(len(problems), -1), cols.view(len(problems), -1)
     results = []
-    for n in range(len(costs)):
+    for n in range(len(problems)):
         queries = (rows[n][where.pairs] + where.query_offset).split_with_sizes(where.per_image)
         objects = cols[n][where.pairs].split_with_sizes(where.per_image)
         results.append(list(zip(queries, objects)))
-    return results, info.view(len(costs), bs, groups)
+    return results, info.view(len(problems), bs, groups)
 
 
 def _raise_refused(info: torch.Tensor | None) -> None:
@@ -373,20 +381,21 @@ def _from_layers(m, own, outputs, targets: list, sizes: list, groups: int, check
         taken = memo.take(m, outputs, targets, groups, found, check)
         if taken is not None:
             return taken
-    costs = []
+    problems = []
     for other in range(found[0].layers):
         view = {"logits": _layer_view(logits, found[0], other), "pred_boxes": _layer_view(boxes, found[1], other)}
         try:
             with _take_cost():
                 own(m, view, targets, *args, **kwargs)
-        except _Cost as taken:
-            costs.append(taken.cost.detach())
+        except _Cost as taken:  # cut to its problems at once: the layers' full costs are not held together
+            with torch.no_grad():
+                problems.append(_problems(taken.cost.detach(), sizes, groups))
         except Exception:  # a layer the matcher refuses: every call on its own, the refusal at that layer's call
             return None
         else:
             return None
     with torch.no_grad():
-        results, info = _match_costs(costs, sizes, groups, _backend)
+        results, info = _match_problems(problems, logits.shape[:2], sizes, groups, _backend, logits.device)
     refs = [weakref.ref(v) for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
     memo = _STACKS[m] = _Layers(found, results, info, _state_of(m, outputs, targets, groups), refs)
     return memo.take(m, outputs, targets, groups, found, check)
