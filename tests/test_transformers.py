@@ -43,8 +43,8 @@ def _lw_detr(decoder_layers=2):
                                   out_indices=[1, 2])
     return tf.LwDetrForObjectDetection(tf.LwDetrConfig(
         backbone_config=backbone, projector_scale_factors=[1.0], d_model=32, num_queries=12, group_detr=3,
-        decoder_layers=decoder_layers, decoder_self_attention_heads=2, decoder_cross_attention_heads=2, decoder_ffn_dim=32,
-        decoder_n_points=2, num_labels=4))
+        decoder_layers=decoder_layers, decoder_self_attention_heads=2, decoder_cross_attention_heads=2,
+        decoder_ffn_dim=32, decoder_n_points=2, num_labels=4))
 
 
 def _rf_detr(model_cls):
