@@ -382,19 +382,18 @@ def _from_layers(m, own, outputs, targets: list, sizes: list, groups: int, check
         if taken is not None:
             return taken
     problems = []
-    for other in range(found[0].layers):
-        view = {"logits": _layer_view(logits, found[0], other), "pred_boxes": _layer_view(boxes, found[1], other)}
-        try:
-            with _take_cost():
-                own(m, view, targets, *args, **kwargs)
-        except _Cost as taken:  # cut to its problems at once: the layers' full costs are not held together
-            with torch.no_grad():
+    with torch.no_grad():  # the views and costs of the layers record nothing for autograd
+        for other in range(found[0].layers):
+            view = {"logits": _layer_view(logits, found[0], other), "pred_boxes": _layer_view(boxes, found[1], other)}
+            try:
+                with _take_cost():
+                    own(m, view, targets, *args, **kwargs)
+            except _Cost as taken:  # cut to its problems at once: the layers' full costs are not held together
                 problems.append(_problems(taken.cost.detach(), sizes, groups))
-        except Exception:  # a layer the matcher refuses: every call on its own, the refusal at that layer's call
-            return None
-        else:
-            return None
-    with torch.no_grad():
+            except Exception:  # a layer the matcher refuses: every call on its own, the refusal at that layer's call
+                return None
+            else:
+                return None
         results, info = _match_problems(problems, logits.shape[:2], sizes, groups, _backend, logits.device)
     refs = [weakref.ref(v) for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
     memo = _STACKS[m] = _Layers(found, results, info, _state_of(m, outputs, targets, groups), refs)
