@@ -241,9 +241,9 @@ def _patched_forward(cls, own, spec: Matcher):
             return own(self, outputs, targets, *args, **kwargs)
         checking = cls not in _verified
         groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
+        sizes = [len(t[spec.sizes_key]) for t in targets]
         if spec.layered and not checking and len(args) + len(kwargs) == spec.grouped:
-            found = _from_layers(self, own, outputs, targets, [len(t[spec.sizes_key]) for t in targets], groups,
-                                 check, args, kwargs)
+            found = _from_layers(self, own, outputs, targets, sizes, groups, check, args, kwargs)
             if found is not None:
                 return found
         # A checked call runs the matcher twice, and a cost may draw random numbers (RF-DETR's mask points): the taken
@@ -259,7 +259,6 @@ def _patched_forward(cls, own, spec: Matcher):
             _verified[cls] = False
             _say_once(f"lucid-assign: transformers' {cls.__name__} copied no cost to the host; it runs as it is")
             return own(self, outputs, targets, *args, **kwargs) if checking else result
-        sizes = [len(t[spec.sizes_key]) for t in targets]
         with torch.no_grad():
             ours = match(cost.detach(), sizes, groups, _backend, check)
         if checking:  # once per class and process: against the matcher's own forward
