@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "geometry.h"
+#include "lsap.h"
 
 namespace lucid {
 
@@ -254,9 +255,8 @@ inline LsapDims check_linear_sum_assignment_args(const at::Tensor& cost, const s
                    cost.scalar_type());
   const bool batched = cost.dim() == 3;
   const int64_t B = batched ? cost.size(0) : 1, R = cost.size(-2), C = cost.size(-1);
-  constexpr int64_t kMaxSide = std::numeric_limits<int32_t>::max() / 2;
-  TORCH_CHECK_VALUE(R <= kMaxSide && C <= kMaxSide, "cost: at most ", kMaxSide, " rows and columns, got ",
-                    cost.sizes());
+  TORCH_CHECK_VALUE(R <= lsap::kMaxSide && C <= lsap::kMaxSide, "cost: at most ", lsap::kMaxSide,
+                    " rows and columns, got ", cost.sizes());
   if (sizes.has_value()) {
     const auto& s = *sizes;
     TORCH_CHECK_VALUE(batched, "sizes applies to a batch of costs (B, R, C); cost is a matrix ", cost.sizes());

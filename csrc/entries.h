@@ -1,6 +1,9 @@
-// The entry points of the three fused ops (assign, assign_pose, assign_seg), one template for both backends: each
-// checks its arguments (checks.h), reads the rule set and hands the call to the backend's run() (cpu/assign.cpp,
-// cuda/assign.cu) with the pose or mask inputs, or none.
+// The entry points of the ops that both backends implement alike, one template each for both backends: they check
+// the arguments (checks.h), allocate the outputs and hand the call to the backend.
+// - Entries: the three fused assignments (assign, assign_pose, assign_seg): the rule set read, the call handed to the
+//   backend's run() (cpu/assign.cpp, cuda/assign.cu) with the pose or mask inputs, or none.
+// - LsapEntry: the linear sum assignment: the outputs allocated, the batch handed to the backend's solve()
+//   (cpu/linear_sum_assignment.cpp, cuda/linear_sum_assignment.cu), a matrix's outputs squeezed.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -77,6 +80,28 @@ struct Entries {
     m.impl("assign_pose", &assign_pose);
     m.impl("assign_seg", &assign_seg);
   }
+};
+
+using Outputs3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// A backend's solve of a checked batch of d.B >= 1 problems: rows and cols (B, K) to fill, info (B,) zeroed.
+using SolveFn = void (*)(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes,
+                         at::Tensor& rows, at::Tensor& cols, at::Tensor& info);
+
+template <SolveFn solve>
+struct LsapEntry {
+  static Outputs3 linear_sum_assignment(const at::Tensor& cost, const std::optional<at::Tensor>& sizes) {
+    const LsapDims d = check_linear_sum_assignment_args(cost, sizes);
+    const auto index_opts = cost.options().dtype(at::kLong);
+    auto rows = at::empty({d.B, d.K}, index_opts);
+    auto cols = at::empty({d.B, d.K}, index_opts);
+    auto info = at::zeros({d.B}, cost.options().dtype(at::kInt));
+    if (d.B > 0) solve(d, cost, sizes, rows, cols, info);
+    if (!d.batched) return {rows.squeeze(0), cols.squeeze(0), info.squeeze(0)};
+    return {rows, cols, info};
+  }
+
+  static void register_in(torch::Library& m) { m.impl("linear_sum_assignment", &linear_sum_assignment); }
 };
 
 }  // namespace lucid

@@ -22,6 +22,10 @@ enum Info : int32_t {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The most rows and columns a cost may have (checks.h refuses larger ones): positions in SciPy's list of columns and
+// the CUDA solver's keys (scan_key) stay below 2^30, and every index of one problem fits in int32.
+constexpr int64_t kMaxSide = std::numeric_limits<int32_t>::max() / 2;
+
 // An entry SciPy refuses before solving: NaN or -inf. +inf is a forbidden pair.
 LUCID_HD bool invalid_entry(double c) { return c != c || c == -kInf; }
 
@@ -35,6 +39,62 @@ LUCID_HD double path_cost(double min_val, double cost, double u_i, double v_j) {
   return geom::sub(geom::sub(geom::add(min_val, cost), u_i), v_j);
 }
 
+// Problem b's columns (its width: sizes[b], or all C without sizes) and what it comes to before any search: kSolved
+// for an empty one (no rows or no columns), kBadSize for a size outside [0, C], or -1 when the solver has work.
+LUCID_HD int32_t start_problem(int64_t b, int64_t R, int64_t C, const int64_t* sizes, int64_t& width) {
+  width = sizes ? sizes[b] : C;
+  if (width < 0 || width > C) return kBadSize;
+  if (R == 0 || width == 0) return kSolved;
+  return -1;
+}
+
+// The matching flipped along the augmenting path from its sink column back to row `cur`: each column on the path
+// takes the row it was reached from (path), and each such row the column after it.
+template <typename Index, typename RowIndex>
+LUCID_HD void flip_path(const Index* path, Index* row4col, RowIndex* col4row, int64_t cur, int64_t sink) {
+  int64_t j = sink;
+  while (true) {
+    const int64_t i = path[j];
+    row4col[j] = static_cast<Index>(i);
+    const int64_t next = col4row[i];
+    col4row[i] = static_cast<RowIndex>(j);
+    j = next;
+    if (i == cur) return;
+  }
+}
+
+// SciPy's (row_ind, col_ind) of a solved problem of nr <= nc, written by `lanes` workers together (this one is
+// `lane`): each row in turn with its column, or, for a problem solved transposed (its columns the original rows),
+// the original rows that are matched, in ascending order, with their columns. `col_of(i)` is the column matched to
+// row i, `row_of(t)` the row matched to column t (-1: none); `ranks(matched, total)` gives the number of the lanes
+// before this one in the same round of `lanes` columns that are matched, and sets `total` to the round's count.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable  // the functors are the caller's: device-only in a kernel, host-only on the CPU
+#endif
+template <typename ColOf, typename RowOf, typename Ranks>
+LUCID_HD void write_pairs(bool transposed, int64_t nr, int64_t nc, int lane, int lanes, ColOf col_of, RowOf row_of,
+                          Ranks ranks, int64_t* rows, int64_t* cols) {
+  if (!transposed) {
+    for (int64_t r = lane; r < nr; r += lanes) {
+      rows[r] = r;
+      cols[r] = col_of(r);
+    }
+    return;
+  }
+  int64_t written = 0;
+  for (int64_t base = 0; base < nc; base += lanes) {
+    const int64_t r = base + lane;
+    const int64_t m = r < nc ? row_of(r) : -1;
+    int64_t total = 0;
+    const int64_t k = written + ranks(m >= 0, total);
+    if (m >= 0) {
+      rows[k] = r;
+      cols[k] = m;
+    }
+    written += total;
+  }
+}
+
 // SciPy's scan over the columns not yet on the tree, in the order of its `remaining` list: a column is taken when
 // its shortest-path cost is below the lowest so far, or equal to it and the column is free (unmatched; `is_free()`
 // is asked only then, as SciPy reads the match only then). The CPU solver scans in that order with this rule.
@@ -46,7 +106,7 @@ LUCID_HD bool scan_takes(double cost, double lowest, IsFree is_free) {
 // The same choice as an order, for a parallel reduction (the CUDA solver): the column the scan ends on is the least
 // of all columns by (cost, scan_key). Costs compare as numbers (-0 and +0 tie); at equal cost a free column comes
 // before a matched one, free columns by descending position in `remaining` (the scan takes every later free one) and
-// matched columns by ascending position (the scan keeps the first). Positions are below 2^30 (checks.h).
+// matched columns by ascending position (the scan keeps the first). Positions are below 2^30 (kMaxSide).
 constexpr uint32_t kMatchedKeys = 0x40000000u;
 constexpr uint32_t kNoColumn = 0xFFFFFFFFu;  // a lane with no column left: after every column
 

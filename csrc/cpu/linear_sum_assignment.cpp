@@ -7,10 +7,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <utility>
 #include <vector>
 
-#include "checks.h"
+#include "entries.h"
 #include "lsap.h"
 
 namespace lucid {
@@ -100,28 +99,22 @@ class Solver {
     }
   }
 
-  // Flips the matching along the path from the sink back to row `cur`.
-  void augment(int64_t cur, int64_t j) {
-    while (true) {
-      const int64_t i = path_[j];
-      row4col_[j] = i;
-      std::swap(col4row_[i], j);
-      if (i == cur) return;
-    }
-  }
+  void augment(int64_t cur, int64_t sink) { lsap::flip_path(path_.data(), row4col_.data(), col4row_.data(), cur, sink); }
 
   std::vector<double> u_, v_, spc_;
   std::vector<int64_t> path_, col4row_, row4col_, remaining_;
   std::vector<char> in_rows_, in_cols_;
 };
 
-// Problem b of the batch: rows R, columns cols (<= C, the row stride), solved into out_rows/out_cols (K each).
+// Problem b of the batch: rows R, columns C (the row stride), solved into out_rows/out_cols (K each).
 template <typename T>
-int32_t solve_problem(Solver& s, const T* cost, int64_t R, int64_t C, int64_t cols, int64_t K, int64_t* out_rows,
-                      int64_t* out_cols) {
+int32_t solve_problem(Solver& s, const T* cost, int64_t b, int64_t R, int64_t C, const int64_t* sizes, int64_t K,
+                      int64_t* out_rows, int64_t* out_cols) {
   std::fill(out_rows, out_rows + K, -1);
   std::fill(out_cols, out_cols + K, -1);
-  if (R == 0 || cols == 0) return lsap::kSolved;
+  int64_t cols = 0;
+  const int32_t ended = lsap::start_problem(b, R, C, sizes, cols);
+  if (ended >= 0) return ended;
   const bool transposed = lsap::solved_transposed(R, cols);
   const int64_t nr = transposed ? cols : R, nc = transposed ? R : cols;
   s.cost.resize(nr * nc);
@@ -134,30 +127,18 @@ int32_t solve_problem(Solver& s, const T* cost, int64_t R, int64_t C, int64_t co
   }
   const int32_t info = s.solve(nr, nc);
   if (info != lsap::kSolved) return info;
-  if (!transposed) {
-    for (int64_t r = 0; r < nr; ++r) {
-      out_rows[r] = r;
-      out_cols[r] = s.col4row()[r];
-    }
-  } else {  // the solver's columns are the original rows: their matches in ascending order
-    int64_t k = 0;
-    for (int64_t r = 0; r < nc; ++r) {
-      if (s.row4col()[r] < 0) continue;
-      out_rows[k] = r;
-      out_cols[k] = s.row4col()[r];
-      ++k;
-    }
-  }
+  const auto one_lane = [](bool matched, int64_t& total) -> int64_t {
+    total = matched ? 1 : 0;
+    return 0;
+  };
+  lsap::write_pairs(
+      transposed, nr, nc, 0, 1, [&](int64_t i) { return s.col4row()[i]; },
+      [&](int64_t t) { return s.row4col()[t]; }, one_lane, out_rows, out_cols);
   return lsap::kSolved;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_sum_assignment_cpu(const at::Tensor& cost,
-                                                                        const std::optional<at::Tensor>& sizes) {
-  const LsapDims d = check_linear_sum_assignment_args(cost, sizes);
-  const auto index_opts = cost.options().dtype(at::kLong);
-  auto rows = at::empty({d.B, d.K}, index_opts);
-  auto cols = at::empty({d.B, d.K}, index_opts);
-  auto info = at::empty({d.B}, cost.options().dtype(at::kInt));
+void solve_cpu(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes, at::Tensor& rows,
+               at::Tensor& cols, at::Tensor& info) {
   const auto c = cost.contiguous();
   const auto n = sizes.has_value() ? sizes->to(at::kLong).contiguous() : at::Tensor();
   const int64_t* n_ptr = n.defined() ? n.data_ptr<int64_t>() : nullptr;
@@ -169,18 +150,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_sum_assignment_cpu(const a
     at::parallel_for(0, d.B, 1, [&](int64_t begin, int64_t end) {
       Solver s;
       for (int64_t b = begin; b < end; ++b) {
-        const int64_t width = n_ptr ? n_ptr[b] : d.C;
-        i_ptr[b] = solve_problem(s, base + b * d.R * d.C, d.R, d.C, width, d.K, r_ptr + b * d.K, c_ptr + b * d.K);
+        i_ptr[b] = solve_problem(s, base + b * d.R * d.C, b, d.R, d.C, n_ptr, d.K, r_ptr + b * d.K, c_ptr + b * d.K);
       }
     });
   });
-  if (!d.batched) return {rows.squeeze(0), cols.squeeze(0), info.squeeze(0)};
-  return {rows, cols, info};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CPU, m) { m.impl("linear_sum_assignment", &linear_sum_assignment_cpu); }
+TORCH_LIBRARY_IMPL(lucid, CPU, m) { LsapEntry<solve_cpu>::register_in(m); }
 
 }  // namespace cpu
 }  // namespace lucid

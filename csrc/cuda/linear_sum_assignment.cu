@@ -20,8 +20,8 @@
 
 #include <algorithm>
 
-#include "checks.h"
 #include "cuda/launch.cuh"
+#include "entries.h"
 #include "lsap.h"
 
 namespace lucid {
@@ -54,19 +54,18 @@ struct Costs {
   }
 };
 
-// The problem's columns (its width) and whether it is solved, before any solver runs: -1 pairs, and info for the
-// problems that end here (an empty one is solved, a size out of range is not, the check pass marked NaN or -inf).
-// Returns false when the solver has nothing to do.
+// The problem's columns (its width) and whether the solver has work, before any solver runs: -1 pairs, and info for
+// the problems that end here (lsap::start_problem; the check pass marked NaN or -inf before).
 __device__ bool start_problem(int64_t b, int thread, int threads, int64_t R, int64_t C, const int64_t* sizes,
                               int64_t K, int64_t* rows, int64_t* cols, int32_t* info, int64_t& width) {
   for (int64_t k = thread; k < K; k += threads) rows[k] = cols[k] = -1;
-  width = sizes ? sizes[b] : C;
-  if (width < 0 || width > C) {
-    if (thread == 0) info[b] = lsap::kBadSize;
+  const int32_t ended = lsap::start_problem(b, R, C, sizes, width);
+  if (ended == lsap::kBadSize) {
+    if (thread == 0) info[b] = ended;
     return false;
   }
   if (info[b] == lsap::kInvalidEntry) return false;  // SciPy refuses NaN and -inf before it solves
-  if (R == 0 || width == 0) {
+  if (ended == lsap::kSolved) {
     if (thread == 0) info[b] = lsap::kSolved;
     return false;
   }
@@ -88,21 +87,21 @@ __global__ void lsap_check_kernel(const T* __restrict__ cost, int64_t B, int64_t
   }
 }
 
-// Writes SciPy's (row_ind, col_ind) of a transposed problem: the solver's columns are the original rows, matched in
-// ascending order; `matched(t)` is the row matched to column t or -1. 32 columns a round, compacted by a ballot.
-template <typename Matched>
-__device__ void write_transposed_pairs(int64_t nc, int lane, int64_t* rows, int64_t* cols, Matched matched) {
-  int64_t written = 0;
-  for (int64_t base = 0; base < nc; base += kWarp) {
-    const int64_t r = base + lane;
-    const int32_t m = r < nc ? matched(r) : -1;
-    const unsigned ballot = __ballot_sync(kFull, m >= 0);
-    if (m >= 0) {
-      const int64_t k = written + __popc(ballot & ((1u << lane) - 1u));
-      rows[k] = r;
-      cols[k] = m;
-    }
-    written += __popc(ballot);
+// SciPy's (row_ind, col_ind) of a solved problem (lsap::write_pairs): a problem in the solver's orientation by every
+// thread of the block, a transposed one by the first warp (its rounds' matched columns counted by a ballot).
+template <typename ColOf, typename RowOf>
+__device__ void write_results(bool transposed, int64_t nr, int64_t nc, int tid, int threads, ColOf col_of,
+                              RowOf row_of, int64_t* rows, int64_t* cols) {
+  const int lane = tid & (kWarp - 1);
+  const auto ranks = [lane](bool matched, int64_t& total) -> int64_t {
+    const unsigned ballot = __ballot_sync(kFull, matched);
+    total = __popc(ballot);
+    return __popc(ballot & ((1u << lane) - 1u));
+  };
+  if (!transposed) {
+    lsap::write_pairs(false, nr, nc, tid, threads, col_of, row_of, ranks, rows, cols);
+  } else if (tid < kWarp) {
+    lsap::write_pairs(true, nr, nc, lane, kWarp, col_of, row_of, ranks, rows, cols);
   }
 }
 
@@ -297,17 +296,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
     }
     __syncthreads();
     // the flip along the path from the sink back to row cur, then each thread's matches read back
-    if (tid == 0) {
-      int32_t j = sink;
-      while (true) {
-        const int32_t r = s.path[j];
-        s.row4col[j] = r;
-        const int32_t next = s.col4row[r];
-        s.col4row[r] = j;
-        j = next;
-        if (r == cur) break;
-      }
-    }
+    if (tid == 0) lsap::flip_path(s.path, s.row4col, s.col4row, cur, sink);
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < L; ++k) {
@@ -315,14 +304,9 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
       if (t < nc) match[k] = s.row4col[t];
     }
   }
-  if (!transposed) {
-    for (int32_t r = tid; r < nr; r += threads) {
-      rows[r] = r;
-      cols[r] = s.col4row[r];
-    }
-  } else if (warp == 0) {
-    write_transposed_pairs(nc, lane, rows, cols, [&](int64_t r) { return s.row4col[r]; });
-  }
+  write_results(
+      transposed, nr, nc, tid, threads, [&](int64_t i) { return s.col4row[i]; },
+      [&](int64_t t) { return s.row4col[t]; }, rows, cols);
   if (tid == 0) info[b] = lsap::kSolved;
 }
 
@@ -468,94 +452,70 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
       if (s.position[t] < 0) s.v[t] -= min_val - s.spc[t];
     }
     __syncwarp();
-    if (lane == 0) {
-      int64_t j = sink;
-      while (true) {
-        const int32_t r = s.path[j];
-        s.row4col[j] = r;
-        const int32_t next = s.col4row[r];
-        s.col4row[r] = static_cast<int32_t>(j);
-        j = next;
-        if (r == cur) break;
-      }
-    }
+    if (lane == 0) lsap::flip_path(s.path, s.row4col, s.col4row, cur, sink);
     __syncwarp();
   }
-  if (!transposed) {
-    for (int64_t r = lane; r < nr; r += kWarp) {
-      rows[r] = r;
-      cols[r] = s.col4row[r];
-    }
-  } else {
-    write_transposed_pairs(nc, lane, rows, cols, [&](int64_t r) { return s.row4col[r]; });
-  }
+  write_results(
+      transposed, nr, nc, lane, kWarp, [&](int64_t i) { return s.col4row[i]; },
+      [&](int64_t t) { return s.row4col[t]; }, rows, cols);
   if (lane == 0) info[b] = lsap::kSolved;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_sum_assignment_cuda(const at::Tensor& cost,
-                                                                         const std::optional<at::Tensor>& sizes) {
-  const LsapDims d = check_linear_sum_assignment_args(cost, sizes);
+void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes, at::Tensor& rows,
+                at::Tensor& cols, at::Tensor& info) {
   const c10::cuda::CUDAGuard guard(cost.device());
-  const auto index_opts = cost.options().dtype(at::kLong);
-  auto rows = at::empty({d.B, d.K}, index_opts);
-  auto cols = at::empty({d.B, d.K}, index_opts);
-  auto info = at::zeros({d.B}, cost.options().dtype(at::kInt));
-  if (d.B > 0) {
-    TORCH_CHECK_VALUE(d.B <= std::numeric_limits<int32_t>::max(), "cost: at most 2^31 - 1 problems, got ", d.B);
-    const auto c = cost.contiguous();
-    // sizes on the CPU were checked by check_linear_sum_assignment_args; their copy does not wait for the GPU
-    const auto n = sizes.has_value() ? sizes->to(cost.device(), at::kLong, /*non_blocking=*/true) : at::Tensor();
-    // tall problems are solved transposed: a transposed copy makes each of their rows contiguous
-    const bool some_tall = d.R > 1 && (sizes.has_value() || d.C < d.R);
-    const auto ct = some_tall ? c.transpose(-1, -2).contiguous() : at::Tensor();
-    const int64_t nr = d.K, nc = std::max(d.R, d.C);
-    const auto stream = at::cuda::getCurrentCUDAStream();
-    const int64_t* n_ptr = n.defined() ? n.data_ptr<int64_t>() : nullptr;
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "linear_sum_assignment_cuda", [&] {
-      using T = scalar_t;
-      const T* c_ptr = c.data_ptr<T>();
-      const T* ct_ptr = ct.defined() ? ct.data_ptr<T>() : nullptr;
-      const int64_t elements = d.B * d.R * d.C;
-      if (elements > 0) {
-        const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-        const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks_for(elements), 8 * sms));
-        lsap_check_kernel<T><<<grid, kThreads, 0, stream>>>(c_ptr, d.B, d.R, d.C, n_ptr, info.data_ptr<int32_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
-      // up to 1,024 columns: W warps with up to L columns a thread, W growing first (2 columns a thread up to 512)
-      const int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
-      const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
-      const auto launch_registers = [&](auto kernel) {
-        const int64_t smem = RowState::bytes(nr, nc);
-        kernel<<<static_cast<unsigned>(d.B), static_cast<unsigned>(kWarp * warps), static_cast<size_t>(smem),
-                 stream>>>(c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(),
-                           info.data_ptr<int32_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      };
-      if (per_thread <= 1) return launch_registers(lsap_registers<T, 1>);
-      if (per_thread <= 2) return launch_registers(lsap_registers<T, 2>);
-      if (per_thread <= 3) return launch_registers(lsap_registers<T, 3>);
-      if (per_thread <= 4) return launch_registers(lsap_registers<T, 4>);
-      // wider problems: the state in shared memory, or in a global workspace when too large for it
-      const int64_t state_bytes = State::bytes(nr, nc);
-      const bool in_smem = state_bytes <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
-      const auto workspace = in_smem ? at::Tensor() : at::empty({d.B * state_bytes}, cost.options().dtype(at::kByte));
-      const auto kernel = lsap_memory<T>;
-      const int64_t smem = in_smem ? state_bytes : 0;
-      if (smem > 48 * 1024) raise_smem_limit(kernel, smem);
-      kernel<<<static_cast<unsigned>(d.B), kWarp, static_cast<size_t>(smem), stream>>>(
-          c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, in_smem ? nullptr : static_cast<char*>(workspace.data_ptr()),
-          state_bytes, rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(), info.data_ptr<int32_t>());
+  TORCH_CHECK_VALUE(d.B <= std::numeric_limits<int32_t>::max(), "cost: at most 2^31 - 1 problems, got ", d.B);
+  const auto c = cost.contiguous();
+  // sizes on the CPU were checked by check_linear_sum_assignment_args; their copy does not wait for the GPU
+  const auto n = sizes.has_value() ? sizes->to(cost.device(), at::kLong, /*non_blocking=*/true) : at::Tensor();
+  // tall problems are solved transposed: a transposed copy makes each of their rows contiguous
+  const bool some_tall = d.R > 1 && (sizes.has_value() || d.C < d.R);
+  const auto ct = some_tall ? c.transpose(-1, -2).contiguous() : at::Tensor();
+  const int64_t nr = d.K, nc = std::max(d.R, d.C);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const int64_t* n_ptr = n.defined() ? n.data_ptr<int64_t>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "linear_sum_assignment_cuda", [&] {
+    using T = scalar_t;
+    const T* c_ptr = c.data_ptr<T>();
+    const T* ct_ptr = ct.defined() ? ct.data_ptr<T>() : nullptr;
+    const int64_t elements = d.B * d.R * d.C;
+    if (elements > 0) {
+      const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks_for(elements), 8 * sms));
+      lsap_check_kernel<T><<<grid, kThreads, 0, stream>>>(c_ptr, d.B, d.R, d.C, n_ptr, info.data_ptr<int32_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
-  if (!d.batched) return {rows.squeeze(0), cols.squeeze(0), info.squeeze(0)};
-  return {rows, cols, info};
+    }
+    // up to 1,024 columns: W warps with up to L columns a thread, W growing first (2 columns a thread up to 512)
+    const int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
+    const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
+    const auto launch_registers = [&](auto kernel) {
+      const int64_t smem = RowState::bytes(nr, nc);
+      kernel<<<static_cast<unsigned>(d.B), static_cast<unsigned>(kWarp * warps), static_cast<size_t>(smem),
+               stream>>>(c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(),
+                         info.data_ptr<int32_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if (per_thread <= 1) return launch_registers(lsap_registers<T, 1>);
+    if (per_thread <= 2) return launch_registers(lsap_registers<T, 2>);
+    if (per_thread <= 3) return launch_registers(lsap_registers<T, 3>);
+    if (per_thread <= 4) return launch_registers(lsap_registers<T, 4>);
+    // wider problems: the state in shared memory, or in a global workspace when too large for it
+    const int64_t state_bytes = State::bytes(nr, nc);
+    const bool in_smem = state_bytes <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+    const auto workspace = in_smem ? at::Tensor() : at::empty({d.B * state_bytes}, cost.options().dtype(at::kByte));
+    const auto kernel = lsap_memory<T>;
+    const int64_t smem = in_smem ? state_bytes : 0;
+    if (smem > 48 * 1024) raise_smem_limit(kernel, smem);
+    kernel<<<static_cast<unsigned>(d.B), kWarp, static_cast<size_t>(smem), stream>>>(
+        c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, in_smem ? nullptr : static_cast<char*>(workspace.data_ptr()),
+        state_bytes, rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(), info.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CUDA, m) { m.impl("linear_sum_assignment", &linear_sum_assignment_cuda); }
+TORCH_LIBRARY_IMPL(lucid, CUDA, m) { LsapEntry<solve_cuda>::register_in(m); }
 
 }  // namespace gpu
 }  // namespace lucid
