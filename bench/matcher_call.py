@@ -138,7 +138,7 @@ def main(argv=None):
                             f"(host {statistics.median(t[0] for t in ts) * 1e3:.3f})" for name, ts in times.items())
             print(f"  {objects:>4} objects: {row}; same matches: {same}")
             fused = [order for key, order in detr._FUSED.items() if key[0] == str(batch[1].device)]
-            how = (f"one pass, torch.ops.lucid.rtdetr_cost (L1 order {fused[0]})" if fused and fused[0] is not None
+            how = (f"one pass, torch.ops.lucid.detr_cost (L1 order {fused[0]})" if fused and fused[0] is not None
                    else "the peer's PyTorch operations")
             print(f"    patched, cost by {how}; by part (ms): " + ", ".join(
                 f"{k} {statistics.median(s[k] for s in split) * 1e3:.3f}" for k in split[0]))

@@ -277,7 +277,7 @@ inline LsapDims check_linear_sum_assignment_args(const at::Tensor& cost, const s
   return {B, R, C, std::min(R, C), batched};
 }
 
-// torch.ops.lucid.rtdetr_cost: pred_bboxes (B, Q, 4) and pred_scores (B, Q, C) float, gt_bboxes (N, 4) float and
+// torch.ops.lucid.detr_cost: pred_bboxes (B, Q, 4) and pred_scores (B, Q, C) float, gt_bboxes (N, 4) float and
 // gt_cls (N,) integers (the batch's objects, image after image), sizes (B,) integers on the same device (the objects
 // of each image), width >= 0 (the output's columns), three gains, gamma >= 0 and l1_order 0 or 1 (detr_cost.h's L1Order).
 // Sizes on the CPU are checked here; on the GPU a column without a valid object (its index past N, or its class
@@ -286,10 +286,9 @@ struct DetrCostDims {
   int64_t B, Q, C, N, W;
 };
 
-inline DetrCostDims check_rtdetr_cost_args(const at::Tensor& pred_bboxes, const at::Tensor& pred_scores,
-                                           const at::Tensor& gt_bboxes, const at::Tensor& gt_cls,
-                                           const at::Tensor& sizes, int64_t width, c10::ArrayRef<double> gains,
-                                           double gamma, int64_t l1_order) {
+inline DetrCostDims check_detr_cost_args(const at::Tensor& pred_bboxes, const at::Tensor& pred_scores,
+                                         const at::Tensor& gt_bboxes, const at::Tensor& gt_cls, const at::Tensor& sizes,
+                                         int64_t width, c10::ArrayRef<double> gains, double gamma, int64_t l1_order) {
   TORCH_CHECK_VALUE(pred_scores.dim() == 3, "pred_scores must be (B, Q, C), got ", pred_scores.sizes());
   const int64_t B = pred_scores.size(0), Q = pred_scores.size(1), C = pred_scores.size(2);
   TORCH_CHECK_VALUE(pred_bboxes.dim() == 3 && pred_bboxes.size(0) == B && pred_bboxes.size(1) == Q &&

@@ -1,5 +1,5 @@
-// The matching cost of the peer's RT-DETR matcher for one (query, object) pair (docs/spec.md, "RT-DETR matching
-// cost"), shared by the CPU and CUDA kernels of torch.ops.lucid.rtdetr_cost. Torch-free, header-only, host and device.
+// The DETR matching cost (the peer's RT-DETR matcher's) of one (query, object) pair (docs/spec.md, "DETR matching
+// cost"), shared by the CPU and CUDA kernels of torch.ops.lucid.detr_cost. Torch-free, header-only, host and device.
 //
 // The peer computes the cost as a chain of PyTorch operations on float32 tensors; each operation rounds its result.
 // This is the same chain, one rounding per operation (geometry.h), in the peer's order:
@@ -14,6 +14,9 @@
 // the cost equals the peer's bit for bit, on the CPU within the few ulps by which the C library's exp and log differ
 // from ATen's vectorised ones.
 #pragma once
+
+#include <cstdint>
+#include <limits>
 
 #include "geometry.h"
 
@@ -84,6 +87,23 @@ LUCID_HD float pair_cost(float logit, const float* pd, const float* gt, const Co
   constexpr float kFloatMax = 3.402823466e+38f;
   if (s.sanitize && !(::fabsf(cost) <= kFloatMax)) return 0.0f;  // NaN or +-inf
   return cost;
+}
+
+// The cost of output column j of one query of an image whose objects are the batch's objects [start, start + count)
+// (of N: classes `cls`, boxes `gt`), the query's logits `scores` (C classes) and box `pd`: against object j for
+// j < count, against the peer's padding (a zero box of class 0) past it. NaN where the object's index falls outside
+// [0, N) or its class outside [0, C) (sizes or classes inconsistent with the objects); nothing is read then. Both
+// backends' kernels compute every entry with it.
+template <typename Score>
+LUCID_HD float column_cost(const Score* scores, int64_t C, const float* pd, const float* gt, const int64_t* cls,
+                           int64_t N, int64_t start, int64_t count, int64_t j, const CostSettings& s) {
+  const float zero_box[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const bool object = j < count;
+  const int64_t g = start + j;
+  if (object && (g < 0 || g >= N)) return std::numeric_limits<float>::quiet_NaN();
+  const int64_t c = object ? cls[g] : 0;
+  if (c < 0 || c >= C) return std::numeric_limits<float>::quiet_NaN();
+  return pair_cost(static_cast<float>(scores[c]), pd, object ? gt + g * 4 : zero_box, s);
 }
 
 }  // namespace detr

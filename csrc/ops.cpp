@@ -72,12 +72,12 @@ TORCH_LIBRARY(lucid, m) {
   // synchronises.
   m.def("linear_sum_assignment(Tensor cost, Tensor? sizes=None) -> (Tensor, Tensor, Tensor)");
 
-  // The matching cost of the peer's RT-DETR matcher (docs/spec.md, "RT-DETR matching cost"; detr_cost.h), in one
+  // The DETR matching cost, the peer's RT-DETR matcher's (docs/spec.md, "DETR matching cost"; detr_cost.h), in one
   // pass: (B, Q, width) float32, entry (b, q, j) the cost of query q of image b against object j of that image
   // (objects image after image in gt_bboxes and gt_cls, sizes[b] of them), or against a zero box of class 0 past the
   // image's objects, as the peer pads them. gains: class, bbox, giou.
   m.def(
-      "rtdetr_cost(Tensor pred_bboxes, Tensor pred_scores, Tensor gt_bboxes, Tensor gt_cls, Tensor sizes, int width, "
+      "detr_cost(Tensor pred_bboxes, Tensor pred_scores, Tensor gt_bboxes, Tensor gt_cls, Tensor sizes, int width, "
       "float[] gains, float alpha, float gamma, *, bool sanitize=True, int l1_order=1) -> Tensor");
 }
 
@@ -87,7 +87,7 @@ TORCH_LIBRARY(lucid, m) {
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op :
        {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose",
-        "assign_seg", "linear_sum_assignment", "rtdetr_cost"}) {
+        "assign_seg", "linear_sum_assignment", "detr_cost"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

@@ -851,4 +851,4 @@ def backends() -> dict:
 
 
 _OPS = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose", "assign_seg",
-        "linear_sum_assignment", "rtdetr_cost")
+        "linear_sum_assignment", "detr_cost")

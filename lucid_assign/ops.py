@@ -212,12 +212,12 @@ def linear_sum_assignment(cost: torch.Tensor, sizes: torch.Tensor | None = None)
     return torch.ops.lucid.linear_sum_assignment.default(cost, sizes)
 
 
-def rtdetr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: torch.Tensor, gt_cls: torch.Tensor,
+def detr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: torch.Tensor, gt_cls: torch.Tensor,
                 sizes: torch.Tensor, width: int, gains, alpha: float, gamma: float, *, sanitize: bool = True,
                 l1_order: int = 1) -> torch.Tensor:
-    """The RT-DETR matching cost, ``torch.ops.lucid.rtdetr_cost`` (docs/spec.md, "RT-DETR matching cost"): the focal
-    class cost, the L1 and the generalised IoU of (cx, cy, w, h) boxes, weighted, in one pass with no host
-    synchronisation; on CUDA, equal bit for bit to the peer's chain of PyTorch operations on float32 tensors.
+    """The DETR matching cost, ``torch.ops.lucid.detr_cost`` (docs/spec.md, "DETR matching cost"): the focal class
+    cost, the L1 and the generalised IoU of (cx, cy, w, h) boxes, weighted, in one pass with no host synchronisation;
+    on CUDA, equal bit for bit to the peer's (ultralytics' RT-DETR) chain of PyTorch operations on float32 tensors.
 
     Args:
         pred_bboxes: (B, Q, 4) and pred_scores (B, Q, C) logits, float (taken to float32 first, as the peer does).
@@ -234,8 +234,8 @@ def rtdetr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes:
         peer's padding (a zero box of class 0) for j >= sizes[b]. A column whose object's class is outside [0, C),
         or whose index falls past N (sizes on the GPU are not checked), is NaN.
     """
-    _require("rtdetr_cost")
-    return torch.ops.lucid.rtdetr_cost.default(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, int(width),
+    _require("detr_cost")
+    return torch.ops.lucid.detr_cost.default(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, int(width),
                                                [float(g) for g in gains], float(alpha), float(gamma),
                                                sanitize=bool(sanitize), l1_order=int(l1_order))
 
@@ -307,8 +307,8 @@ if _library.loaded():
         pairs = cost.new_empty((*lead, k), dtype=torch.long)
         return pairs, torch.empty_like(pairs), cost.new_empty(lead, dtype=torch.int32)
 
-    @torch.library.register_fake("lucid::rtdetr_cost")
-    def _rtdetr_cost_fake(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, width, gains, alpha, gamma,
+    @torch.library.register_fake("lucid::detr_cost")
+    def _detr_cost_fake(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, width, gains, alpha, gamma,
                           sanitize=True, l1_order=1):
         _one_device(pred_scores, pred_bboxes, gt_bboxes, gt_cls, sizes)
         torch._check_value(pred_scores.dim() == 3,

@@ -4,7 +4,7 @@
 #   build     compile the extension in place against that torch (TORCH_CUDA_ARCH_LIST: by default the visible GPU's)
 #   test      the test suite, CUDA tests included; a library that does not load fails instead of skipping
 #   sanitize  compute-sanitizer: memcheck over the CUDA tests marked for it, racecheck and initcheck over
-#             scripts/sanitize_assign.py (the compiled op alone)
+#             scripts/sanitize_assign.py (the compiled op alone), racecheck over the matching's subset
 #   bench     the benchmark (OBB at 10 to 2,000 objects per image, HBB at 100, pose and seg at 20 and 100, the dense
 #             presets; with the peer when it is installed) and the per-kernel profile (bench/profile_cuda.py)
 # Usage: bash scripts/check_cuda.sh [STAGE...] (default: all four, in that order; it stops at the first failure).
@@ -22,12 +22,11 @@ if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
   export TORCH_CUDA_ARCH_LIST
 fi
 
-sanitize() {  # tool, then the command; the tool's summary line and its exit status
-  local tool=$1 status=0
-  shift
-  timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" \
-    >"$OUT/sanitizer_$tool.log" 2>&1 || status=$?
-  echo "compute-sanitizer $tool: exit $status | $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tr '\n' ' ')"
+sanitize() {  # tool, a name for its log, then the command; the tool's summary line and its exit status
+  local tool=$1 log="$OUT/sanitizer_$2.log" status=0
+  shift 2
+  timeout "${SANITIZE_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" >"$log" 2>&1 || status=$?
+  echo "compute-sanitizer $tool: exit $status | $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tr '\n' ' ')"
   return $status
 }
 
@@ -47,9 +46,11 @@ for stage in "${STAGES[@]}"; do
       "$PY" -m pytest tests -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log" | tail -15
       ;;
     sanitize)
-      sanitize memcheck "$PY" -m pytest tests/test_cuda.py tests/test_seg.py -k sanitize -q -p no:cacheprovider
-      sanitize racecheck "$PY" scripts/sanitize_assign.py
-      sanitize initcheck "$PY" scripts/sanitize_assign.py
+      sanitize memcheck memcheck "$PY" -m pytest tests/test_cuda.py tests/test_seg.py tests/test_lsap.py -k sanitize \
+        -q -p no:cacheprovider
+      sanitize racecheck racecheck "$PY" scripts/sanitize_assign.py
+      sanitize racecheck racecheck_matching "$PY" -m pytest tests/test_lsap.py -k sanitize -q -p no:cacheprovider
+      sanitize initcheck initcheck "$PY" scripts/sanitize_assign.py
       ;;
     bench)
       "$PY" -m lucid_assign bench --kind obb --batch 16 --objects 10 50 200 1000 2000 --device cuda --no-progress \

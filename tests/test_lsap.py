@@ -338,6 +338,36 @@ def test_cuda_large_problems_use_the_global_workspace(library):
     assert rows[0].tolist() == r and cols[0].tolist() == c and info.item() == 0
 
 
+@pytest.mark.cuda
+def test_sanitize_subset(library):
+    """A small run of every path of the CUDA solver and of the DETR cost kernel (used under compute-sanitizer,
+    scripts/check_cuda.sh): the register kernels of 1 to 4 columns a thread and 1 to 8 warps, wide and tall problems
+    (solved transposed, through the transposed copy), ragged sizes on the GPU (one out of range), NaN, an infeasible
+    problem, an empty one, one state in shared memory and one in the global workspace; each against SciPy."""
+    g = torch.Generator().manual_seed(9)
+    for rows, cols in ((3, 7), (20, 64), (60, 300), (5, 700), (40, 1024), (3, 1100), (1100, 3), (2, 8000)):
+        cost = (torch.rand(3, rows, cols, generator=g) * 6).round()
+        cost[1, 0, 0] = float("nan")
+        sizes = torch.tensor([cols, cols, max(cols - 2, 0)])
+        if rows <= cols:
+            cost[2, :, :] = float("inf")  # infeasible
+            cost[2, 0, :] = 1.0  # ... unless a single row
+        got = library.linear_sum_assignment(cost.cuda(), sizes.cuda())
+        for b in range(3):
+            want = scipy_pairs(cost[b, :, : int(sizes[b])])
+            pairs = (got[0][b][got[0][b] >= 0].tolist(), got[1][b][got[1][b] >= 0].tolist())
+            assert (pairs if got[2][b] == 0 else lsap.INFO_MESSAGES[int(got[2][b])]) == want, (rows, cols, b)
+    bad = library.linear_sum_assignment(torch.rand(2, 4, 5, device="cuda"), torch.tensor([5, 6], device="cuda"))
+    assert bad[2].tolist() == [0, lsap.BAD_SIZE]
+    empty = library.linear_sum_assignment(torch.rand(2, 0, 5, device="cuda"))
+    assert empty[0].shape == (2, 0) and empty[2].tolist() == [0, 0]
+    groups = torch.tensor([0, 3, 5], device="cuda")
+    cost = library.detr_cost(torch.rand(3, 6, 4, device="cuda"), torch.randn(3, 6, 4, device="cuda"),
+                             torch.rand(8, 4, device="cuda"), torch.tensor([0, 1, 2, 3, 9, 1, 2, 0], device="cuda"),
+                             groups, 5, [2.0, 5.0, 2.0], 0.25, 2.0)
+    assert cost.shape == (3, 6, 5) and cost[2, :, 1].isnan().all() and not cost[1, :, :3].isnan().any()
+
+
 def test_reference_follows_scipy_scan_order():
     """The tie rules in words (docs/spec.md): a constant cost gives the identity (the scan meets the last column
     first, and keeps a later free one at the same cost); a tall one is solved transposed."""

@@ -256,7 +256,7 @@ class LucidHungarianMatcher(torch.nn.Module):
         return memo.take(layer, check=not self.variant.sanitize)
 
     def cost(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups: list, where: Layout, backend: str = "auto"):
-        """The peer's cost of one call, (bs, nq, max(groups)): in one pass (ops.rtdetr_cost) where the check on the
+        """The peer's cost of one call, (bs, nq, max(groups)): in one pass (ops.detr_cost) where the check on the
         device allows it (_fused_order), else with the peer's operations (matching_cost)."""
         variant = self.variant
         order = _fused_order(self, variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend)
@@ -264,7 +264,7 @@ class LucidHungarianMatcher(torch.nn.Module):
             return matching_cost(self, variant, _peer_bbox_iou(), pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups,
                                  where)
         gain = self.cost_gain
-        return ops.rtdetr_cost(pred_bboxes.detach(), pred_scores.detach(), gt_bboxes, gt_cls, where.sizes, max(groups),
+        return ops.detr_cost(pred_bboxes.detach(), pred_scores.detach(), gt_bboxes, gt_cls, where.sizes, max(groups),
                                (gain["class"], gain["bbox"], gain["giou"]), self.alpha, self.gamma,
                                sanitize=variant.sanitize, l1_order=order)
 
@@ -327,7 +327,7 @@ class LayerMatches:
         # the stack's L * B images, the objects repeated for each layer (the op takes image b's objects after those
         # of images 0 to b - 1)
         sizes = where.sizes.repeat(layers)
-        cost = ops.rtdetr_cost(boxes.detach().reshape(layers * bs, nq, boxes.shape[-1]),
+        cost = ops.detr_cost(boxes.detach().reshape(layers * bs, nq, boxes.shape[-1]),
                                scores.detach().reshape(layers * bs, nq, scores.shape[-1]),
                                gt_bboxes.repeat(layers, 1), gt_cls.repeat(layers), sizes, max(groups),
                                (gain["class"], gain["bbox"], gain["giou"]), m.alpha, m.gamma,
@@ -357,7 +357,7 @@ class LayerMatches:
         return found
 
 
-# --- the cost in one pass (torch.ops.lucid.rtdetr_cost) ----------------------------------------------------------
+# --- the cost in one pass (torch.ops.lucid.detr_cost) ------------------------------------------------------------
 # The op computes the peer's chain of float32 operations in one kernel (csrc/detr_cost.h). It is used on CUDA only,
 # where PyTorch's elementwise kernels and the op use the same math library, and only after a check on the device:
 # the first call with given settings computes a built-in batch both ways and keeps the op if its cost equals the
@@ -387,12 +387,12 @@ def _fused_batch(device):
 
 
 def _fused_order(m, variant: Variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend) -> int | None:
-    """The L1 summation order with which ops.rtdetr_cost gives matcher m's cost under variant on this call's device,
+    """The L1 summation order with which ops.detr_cost gives matcher m's cost under variant on this call's device,
     or None when the call keeps the peer's operations."""
     device = pred_scores.device
     float32 = (torch.float32,)
     narrow = (torch.float32, torch.bfloat16, torch.float16)
-    eligible = (device.type == "cuda" and backend == "auto" and m.use_fl and _library.has_kernel("rtdetr_cost", "cuda")
+    eligible = (device.type == "cuda" and backend == "auto" and m.use_fl and _library.has_kernel("detr_cost", "cuda")
                 and gt_bboxes.dtype in narrow and gt_bboxes.device == device and gt_cls.device == device
                 and tuple(gt_bboxes.shape) == (sum(groups), 4) and tuple(gt_cls.shape) == (sum(groups),)
                 and pred_bboxes.shape[-1] == 4
@@ -413,7 +413,7 @@ def _check_fused(m, variant: Variant, device) -> int | None:
     gain = m.cost_gain
     want = matching_cost(m, variant, _peer_bbox_iou(), pred, logits, gt, cls, groups, where)
     for order in (1, 0):
-        got = ops.rtdetr_cost(pred, logits, gt, cls, where.sizes, max(groups),
+        got = ops.detr_cost(pred, logits, gt, cls, where.sizes, max(groups),
                               (gain["class"], gain["bbox"], gain["giou"]), m.alpha, m.gamma,
                               sanitize=variant.sanitize, l1_order=order)
         if _same_costs(got, want, groups, "padded"):

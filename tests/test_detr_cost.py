@@ -1,4 +1,4 @@
-"""torch.ops.lucid.rtdetr_cost (docs/spec.md, "RT-DETR matching cost"): the peer's RT-DETR matching cost in one pass,
+"""torch.ops.lucid.detr_cost (docs/spec.md, "DETR matching cost"): the peer's RT-DETR matching cost in one pass,
 against the patched matcher's chain of the peer's PyTorch operations (integrations.ultralytics_detr.matching_cost,
 itself checked against the peer's matcher in tests/test_rtdetr.py): bit for bit on CUDA; on the CPU exactly where no
 math function is involved and within a derived bound where exp and log are; its padding, NaN, errors and opcheck."""
@@ -44,8 +44,8 @@ def batch(device, seed=0, groups=(0, 7, 31, 64), logit_scale=5.0, dtype=torch.fl
 def op_cost(detr, m, pred, logits, gt, cls, groups, sanitize=True, l1_order=1):
     g = m.cost_gain
     sizes = torch.tensor(groups, device=pred.device)
-    return torch.ops.lucid.rtdetr_cost(pred, logits, gt, cls, sizes, max(groups), [g["class"], g["bbox"], g["giou"]],
-                                       m.alpha, m.gamma, sanitize=sanitize, l1_order=l1_order)
+    return torch.ops.lucid.detr_cost(pred, logits, gt, cls, sizes, max(groups), [g["class"], g["bbox"], g["giou"]],
+                                     m.alpha, m.gamma, sanitize=sanitize, l1_order=l1_order)
 
 
 def torch_cost(detr, m, pred, logits, gt, cls, groups, sanitize=True):
@@ -158,7 +158,7 @@ def test_nan_sanitize_and_invalid_columns(detr, device):
 def test_errors_name_the_argument(library):
     pred, logits = torch.rand(2, 5, 4), torch.randn(2, 5, 3)
     gt, cls, sizes = torch.rand(4, 4), torch.tensor([0, 1, 2, 0]), torch.tensor([1, 3])
-    op = torch.ops.lucid.rtdetr_cost
+    op = torch.ops.lucid.detr_cost
 
     def call(**kw):
         args = dict(pred_bboxes=pred, pred_scores=logits, gt_bboxes=gt, gt_cls=cls, sizes=sizes, width=3,
@@ -193,4 +193,4 @@ def test_opcheck(library):
     sizes = torch.tensor(groups)
     for args in [(pred, logits, gt, cls, sizes, 5, [2.0, 5.0, 2.0], 0.25, 2.0),
                  (pred.double(), logits.bfloat16(), gt, cls.int(), sizes, 7, [1.0, 1.0, 1.0], 0.5, 1.0)]:
-        torch.library.opcheck(torch.ops.lucid.rtdetr_cost.default, args)
+        torch.library.opcheck(torch.ops.lucid.detr_cost.default, args)

@@ -1,10 +1,10 @@
-// torch.ops.lucid.rtdetr_cost on the CPU (docs/spec.md, "RT-DETR matching cost"): detr_cost.h's pair cost for every
+// torch.ops.lucid.detr_cost on the CPU (docs/spec.md, "DETR matching cost"): detr_cost.h's column cost for every
 // (image, query, column), the images' rows as parallel tasks.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <limits>
+#include <vector>
 
 #include "checks.h"
 #include "detr_cost.h"
@@ -13,11 +13,11 @@ namespace lucid {
 namespace cpu {
 namespace {
 
-at::Tensor rtdetr_cost_cpu(const at::Tensor& pred_bboxes, const at::Tensor& pred_scores, const at::Tensor& gt_bboxes,
-                           const at::Tensor& gt_cls, const at::Tensor& sizes, int64_t width, c10::ArrayRef<double> gains,
-                           double alpha, double gamma, bool sanitize, int64_t l1_order) {
+at::Tensor detr_cost_cpu(const at::Tensor& pred_bboxes, const at::Tensor& pred_scores, const at::Tensor& gt_bboxes,
+                         const at::Tensor& gt_cls, const at::Tensor& sizes, int64_t width, c10::ArrayRef<double> gains,
+                         double alpha, double gamma, bool sanitize, int64_t l1_order) {
   const DetrCostDims d =
-      check_rtdetr_cost_args(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, width, gains, gamma, l1_order);
+      check_detr_cost_args(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, width, gains, gamma, l1_order);
   const auto s = detr::make_settings(gains[0], gains[1], gains[2], alpha, gamma, sanitize, static_cast<int>(l1_order));
   auto out = at::empty({d.B, d.Q, d.W}, pred_scores.options().dtype(at::kFloat));
   if (out.numel() == 0) return out;
@@ -32,19 +32,12 @@ at::Tensor rtdetr_cost_cpu(const at::Tensor& pred_bboxes, const at::Tensor& pred
   float* o_ptr = out.data_ptr<float>();
   std::vector<int64_t> start(d.B);
   for (int64_t b = 0, total = 0; b < d.B; total += n_ptr[b], ++b) start[b] = total;
-  const float zero_box[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   at::parallel_for(0, d.B * d.Q, 1, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / d.Q;
       for (int64_t j = 0; j < d.W; ++j) {
-        // past the image's objects: the peer's padding, a zero box of class 0 (checks.h made the sizes valid)
-        const bool object = j < n_ptr[b];
-        const int64_t c = object ? cls_ptr[start[b] + j] : 0;
-        float v = std::numeric_limits<float>::quiet_NaN();
-        if (c >= 0 && c < d.C) {
-          v = detr::pair_cost(s_ptr[row * d.C + c], pd_ptr + row * 4, object ? gt_ptr + (start[b] + j) * 4 : zero_box, s);
-        }
-        o_ptr[row * d.W + j] = v;
+        o_ptr[row * d.W + j] =
+            detr::column_cost(s_ptr + row * d.C, d.C, pd_ptr + row * 4, gt_ptr, cls_ptr, d.N, start[b], n_ptr[b], j, s);
       }
     }
   });
@@ -53,7 +46,7 @@ at::Tensor rtdetr_cost_cpu(const at::Tensor& pred_bboxes, const at::Tensor& pred
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CPU, m) { m.impl("rtdetr_cost", &rtdetr_cost_cpu); }
+TORCH_LIBRARY_IMPL(lucid, CPU, m) { m.impl("detr_cost", &detr_cost_cpu); }
 
 }  // namespace cpu
 }  // namespace lucid
