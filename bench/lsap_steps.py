@@ -52,19 +52,19 @@ def matcher_costs(batch: int, imgsz: int, objects: int, seed: int) -> list:
     model, _ = ts.build("rt-detr", "cpu")
     images, labels = ts.batch(batch, imgsz, objects, seed, "cpu")
     calls = []
-    match = lt.match
+    problems = lt._problems
 
-    def record(cost, sizes, *args, **kwargs):
-        calls.append((cost.double().clone(), list(sizes)))
-        return match(cost, sizes, *args, **kwargs)
+    def record(cost, where):
+        calls.append((cost.double().clone(), list(where.counts)))
+        return problems(cost, where)
 
-    lt.match, from_layers = record, lt._from_layers
+    lt._problems, from_layers = record, lt._from_layers
     lt._from_layers = lambda *args: None  # every call on its own: one recorded cost each
     try:
         with lt.patched(), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             model(pixel_values=images, labels=labels)
     finally:
-        lt.match, lt._from_layers = match, from_layers
+        lt._problems, lt._from_layers = problems, from_layers
     return calls
 
 

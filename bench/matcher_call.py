@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _runs import sync, timed  # noqa: E402
 from lucid_assign import ops  # noqa: E402
+from lucid_assign.integrations import _matching as core  # noqa: E402
 from lucid_assign.integrations import ultralytics as integ  # noqa: E402
 from lucid_assign.integrations import ultralytics_detr as detr  # noqa: E402
 
@@ -74,13 +75,15 @@ def parts(matcher, args, device) -> dict:
     """The patched call's parts, each between two synchronisations (seconds)."""
     boxes, scores, gt, cls, groups = args
     out = {}
-    t = timed(lambda: out.setdefault("where", detr.layout(groups, scores.shape[1], scores.device)), device)[1]
+    t = timed(lambda: out.setdefault("where", detr.layout(groups, scores.shape[1], 1, scores.device)), device)[1]
     where = out["where"]
-    c = timed(lambda: out.setdefault("cost", matcher.cost(boxes, scores, gt, cls, groups, where)), device)[1]
+    order = detr._fused_order(matcher, matcher.variant, boxes, scores, gt, cls, groups, "kernel")
+    c = timed(lambda: out.setdefault("cost", matcher.layers_cost(boxes[None], scores[None], gt, cls, where, order)),
+              device)[1]
     cost = out["cost"]
     s = timed(lambda: out.setdefault("solved", ops.linear_sum_assignment(cost, where.sizes)), device)[1]
     rows, cols, _ = out["solved"]
-    i = timed(lambda: detr._pairs(rows, cols, where), device)[1]
+    i = timed(lambda: core.matches(rows, cols, where, batch_objects=True), device)[1]
     return dict(layout=t, cost=c, solve=s, indices=i)
 
 

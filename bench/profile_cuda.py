@@ -14,7 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
-from lucid_assign import api, ops  # noqa: E402
+from lucid_assign import ops, reference  # noqa: E402
 from lucid_assign import bench as B  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def synced(fn, reps=30):
 
 def profile(label, x, kw, stride):
     """Time one problem three ways (API call, bare op, graph replay) and list its kernels' GPU time."""
-    stride_val = api.reference.stride_value(stride)
+    stride_val = reference.stride_value(stride)
     api_call = lambda: api.assign(*x, backend="kernel", stride=stride, **kw)  # noqa: E731
     op_call = lambda: ops.assign(*x, stride_val=stride_val, **kw)  # noqa: E731
     t_api = events(api_call)
@@ -97,7 +97,7 @@ def census(x, kw, stride):
     and rows with fewer positive metrics than K (their zero-key picks reach outside the candidates)."""
     scores, pd_boxes, anchors, labels, gt_boxes, mask = x
     anchors = anchors.to(gt_boxes.dtype)  # points_in_boxes takes the boxes' dtype
-    cand = ops.points_in_boxes(anchors, gt_boxes, mask, api.reference.stride_value(stride))
+    cand = ops.points_in_boxes(anchors, gt_boxes, mask, reference.stride_value(stride))
     real = mask.reshape(cand.shape[:2]).bool()
     cand &= real[..., None]
     metric, _ = ops.box_metrics(scores.float(), pd_boxes, labels, gt_boxes, cand, kw["alpha"], kw["beta"])

@@ -3,7 +3,9 @@ Hungarian matching for DETR-style ones."""
 
 from . import _library, ops, reference  # noqa: F401  (_library: loading the compiled ops on import)
 from ._version import __version__
-from .api import FallbackWarning, assign, assign_pose, assign_seg, backends, linear_sum_assignment, pad_targets
+from .api import assign, assign_pose, assign_seg, pad_targets
+from .dispatch import FallbackWarning, backends
+from .matching import linear_sum_assignment
 from .assigner import PoseTaskAlignedAssigner, RotatedTaskAlignedAssigner, SegTaskAlignedAssigner, TaskAlignedAssigner
 
 __all__ = ["__version__", "FallbackWarning", "assign", "assign_pose", "assign_seg", "backends", "linear_sum_assignment",

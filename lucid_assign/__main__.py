@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from . import _library, api, viz
+from . import _library, api, dispatch, viz
 from .bench import PRESETS as BENCH_PRESETS
 from .reference import INPUTS
 from .synthetic import dota_like_batch
@@ -124,7 +124,7 @@ def demo(args) -> int:
     for device in devices:
         batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in host.items()}
         inputs = [batch[k] for k in INPUTS]
-        kernel = api.unsupported("assign", inputs)
+        kernel = dispatch.unsupported("assign", inputs)
         results = {}
         print(f"\n[{device}]")
         for backend in ("reference", "kernel"):
@@ -324,7 +324,7 @@ def build_parser():
                        "pose and segmentation losses patched to use lucid-assign's assigners, multi-GPU runs included. "
                        "Example: "
                        "lucid-assign yolo obb train data=DOTAv1.yaml model=yolo26n-obb.yaml device=0,1")
-    y.add_argument("--backend", choices=api.BACKENDS, default="auto",
+    y.add_argument("--backend", choices=dispatch.BACKENDS, default="auto",
                    help="lucid-assign's backend (default auto: the kernel where it can run, else the peer's own "
                    "assigner, with a warning that says why); LUCID_ASSIGN_BACKEND overrides it")
     y.add_argument("args", nargs=argparse.REMAINDER, help="the peer's arguments, exactly as for `yolo`")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import api, reference
+from . import dispatch, reference
 from .reference import stride_value
 
 
@@ -13,7 +13,7 @@ class TaskAlignedAssigner(nn.Module):
     """Task-aligned assigner (TOOD) for axis-aligned boxes ``x1 y1 x2 y2``.
 
     Same constructor and ``forward`` as the peer's ``TaskAlignedAssigner`` (plus ``backend``: "auto", "kernel" or
-    "reference", see lucid_assign.api, and ``rules``: the rule set of the peer release to reproduce, docs/spec.md
+    "reference", see lucid_assign.dispatch, and ``rules``: the rule set of the peer release to reproduce, docs/spec.md
     "Rule sets"; for 8.0 to 8.3, whose constructor has no ``stride`` or ``topk2``, ``rules="8.0"``, and ``eps`` by
     keyword); the outputs follow docs/spec.md. A box last dimension of 5 (``cx cy w h angle``)
     is assigned as oriented boxes, as RotatedTaskAlignedAssigner does.
@@ -34,8 +34,8 @@ class TaskAlignedAssigner(nn.Module):
         rules: str = reference.DEFAULT_RULES,
     ):
         super().__init__()
-        if backend not in api.BACKENDS:
-            raise ValueError(f"backend must be one of {api.BACKENDS}, got {backend!r}")
+        if backend not in dispatch.BACKENDS:
+            raise ValueError(f"backend must be one of {dispatch.BACKENDS}, got {backend!r}")
         reference.check_rules(rules, topk, topk2)
         self.backend = backend
         self.rules = rules
@@ -51,21 +51,21 @@ class TaskAlignedAssigner(nn.Module):
         self.stride_val = stride_value(self.stride)
         self.eps = eps
 
-    task = api.TASKS["assign"]
+    task = dispatch.TASKS["assign"]
 
     def _task_settings(self) -> dict:
         return {}
 
     def _assign(self, box: tuple, extra: tuple = (), on_unsupported=None):
         """The assignment of the six box inputs ``box`` and the pose or mask inputs ``extra`` with this module's
-        settings (api.dispatch; ``on_unsupported``: as there)."""
+        settings (dispatch.run; ``on_unsupported``: as there)."""
         gt_bboxes = box[4]
         if isinstance(gt_bboxes, torch.Tensor) and gt_bboxes.dim() == 3 and gt_bboxes.shape[-1] not in self.box_dims:
             raise ValueError(f"{type(self).__name__} takes gt_bboxes with last dim in {self.box_dims}, got "
                              f"{tuple(gt_bboxes.shape)}")
         settings = dict(topk=self.topk, topk2=self.topk2, num_classes=self.num_classes, alpha=self.alpha,
                         beta=self.beta, eps=self.eps, stride=self.stride, rules=self.rules)
-        return api.dispatch(self.task, box, extra, settings, self._task_settings(), self.backend, on_unsupported)
+        return dispatch.run(self.task, box, extra, settings, self._task_settings(), self.backend, on_unsupported)
 
     @torch.no_grad()
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt):
@@ -103,7 +103,7 @@ class PoseTaskAlignedAssigner(TaskAlignedAssigner):
         super().__init__(**kwargs)
         self.sigmas = sigmas
 
-    task = api.TASKS["assign_pose"]
+    task = dispatch.TASKS["assign_pose"]
 
     def _task_settings(self) -> dict:
         return {"level_range": self.level_range}
@@ -132,7 +132,7 @@ class SegTaskAlignedAssigner(TaskAlignedAssigner):
 
     box_dims = (4,)
 
-    task = api.TASKS["assign_seg"]
+    task = dispatch.TASKS["assign_seg"]
 
     @torch.no_grad()
     def forward(self, pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, pd_coef=None, mask_scale=None,

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from . import api, ops, reference
+from . import api, dispatch, ops, reference
 from .doctor import installed_version, peer_version
 from .reference import INPUTS, POSE_INPUTS, SEG_INPUTS
 from .synthetic import dense_batch, dota_like_batch, pose_batch, seg_batch
@@ -155,7 +155,7 @@ def _pose_runner(backend: str, classes, kw):
 
 def kernel_unavailable(device) -> str | None:
     """Why the kernel cannot run the benchmark's (float32) scenes on this device, or None."""
-    return api.device_unsupported(torch.device(device).type)
+    return dispatch.device_unsupported(torch.device(device).type)
 
 
 def pass_runner(op: str, backend: str, batch: dict):

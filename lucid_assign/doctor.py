@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from . import _library, api, lsap, ops, reference
+from . import _library, api, dispatch, lsap, ops, reference
 from .reference import INPUTS
 from .synthetic import dota_like_batch
 
@@ -74,7 +74,7 @@ def report() -> list:
     else:
         lines.append("build info: none (the library was not built by this package's setup.py)")
     lines.append(f"ultralytics (the peer trainer): {peer_version() or 'not installed'}")
-    b = api.backends()
+    b = dispatch.backends()
     lines.append(f"ops with a CPU kernel: {', '.join(b['cpu_ops']) or 'none'}")
     lines.append(f"ops with a CUDA kernel: {', '.join(b['cuda_ops']) or 'none'}")
     if torch.cuda.is_available():
@@ -116,7 +116,7 @@ def self_check() -> list:
             kind = "OBB" if obb else "HBB"
             batch = dota_like_batch(batch=2, img_size=256, num_classes=7, objects=(5, 40), obb=obb, seed=1)
             x = [batch[k].to(device) for k in INPUTS]
-            why = api.kernel_unsupported(x[0], x[1], x[2], x[4])
+            why = dispatch.kernel_unsupported(x[0], x[1], x[2], x[4])
             if why:
                 results.append((device, kind, "SKIP", why))
                 continue

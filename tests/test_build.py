@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from lucid_assign import _library, api
+from lucid_assign import _library, dispatch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def test_a_build_with_no_toolkit_has_cuda_kernels_from_the_package_index():
     assert info and info["cuda"], info
     assert "of pip's nvidia-cuda-nvcc (no CUDA toolkit found)" in info["compiler"], info
     assert info["compiler"].startswith(f"nvcc {torch.version.cuda}."), (info, torch.version.cuda)
-    ops = api.backends()
+    ops = dispatch.backends()
     assert ops["cuda_ops"] == ops["cpu_ops"] and "assign" in ops["cuda_ops"], ops
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import lucid_assign
-from lucid_assign import api, ops, reference
+from lucid_assign import checks, dispatch, ops, reference
 
 from cases import STRIDES, make_problem
 from contract import assert_matches
@@ -19,8 +19,8 @@ def spies(monkeypatch):
     real_ops, real_ref = ops.assign, reference.assign
     monkeypatch.setattr(ops, "assign", lambda *a, **k: calls.append("kernel") or real_ops(*a, **k))
     monkeypatch.setattr(reference, "assign", lambda *a, **k: calls.append("reference") or real_ref(*a, **k))
-    monkeypatch.delenv(api.ENV_BACKEND, raising=False)
-    api._warned.clear()
+    monkeypatch.delenv(dispatch.ENV_BACKEND, raising=False)
+    dispatch._warned.clear()
     return calls
 
 
@@ -59,13 +59,13 @@ def test_kernel_backend_refuses_unsupported_inputs(library, spies):
 
 
 def test_environment_variable_forces_a_backend(library, spies, monkeypatch):
-    monkeypatch.setenv(api.ENV_BACKEND, "reference")
+    monkeypatch.setenv(dispatch.ENV_BACKEND, "reference")
     lucid_assign.assign(*make_problem(0, True), backend="kernel", **KW)
-    monkeypatch.setenv(api.ENV_BACKEND, "kernel")
+    monkeypatch.setenv(dispatch.ENV_BACKEND, "kernel")
     lucid_assign.assign(*make_problem(0, True), backend="reference", **KW)
     assert spies == ["reference", "kernel"]
-    monkeypatch.setenv(api.ENV_BACKEND, "fast")
-    with pytest.raises(ValueError, match=api.ENV_BACKEND):
+    monkeypatch.setenv(dispatch.ENV_BACKEND, "fast")
+    with pytest.raises(ValueError, match=dispatch.ENV_BACKEND):
         lucid_assign.assign(*make_problem(0, True), **KW)
 
 
@@ -111,8 +111,8 @@ def test_the_kernel_path_is_checked_by_the_op(library, spies, monkeypatch):
     range, a shape and a setting that do not fit are refused naming the argument, with the reference's exception
     classes. The reference path has no checks of its own, so the Python layer checks its calls."""
     checked = []
-    real = api.check_inputs
-    monkeypatch.setattr(api, "check_inputs", lambda *a, **k: checked.append(1) or real(*a, **k))
+    real = checks.check_inputs
+    monkeypatch.setattr(checks, "check_inputs", lambda *a, **k: checked.append(1) or real(*a, **k))
     args = list(make_problem(0, True))
     lucid_assign.assign(*args, **KW)
     bad = list(args)
@@ -167,12 +167,12 @@ def test_the_fallback_warning_is_public_and_points_at_the_caller(library, spies,
     args = list(make_problem(0, True))
     args[2] = args[2].double()
     module = lucid_assign.RotatedTaskAlignedAssigner(topk=10, num_classes=7, stride=list(STRIDES))
-    monkeypatch.setattr(api, "_warned", set())  # what is said once here must still be said to later tests
+    monkeypatch.setattr(dispatch, "_warned", set())  # what is said once here must still be said to later tests
     for call in (lambda: lucid_assign.assign(*args, **KW), lambda: module(*args)):
-        api._warned.clear()
+        dispatch._warned.clear()
         seen = _fallback_warnings(call)
         assert len(seen) == 1 and seen[0].filename == __file__, [(w.filename, w.lineno) for w in seen]
-    api._warned.clear()
+    dispatch._warned.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.simplefilter("ignore", lucid_assign.FallbackWarning)
@@ -223,7 +223,7 @@ FALLBACKS = {  # a call the kernel cannot take -> (the call, what its fix must s
 @pytest.mark.parametrize("case", FALLBACKS)
 def test_each_fallback_reason_carries_its_own_fix(library, case, monkeypatch):
     call, fix = FALLBACKS[case]
-    monkeypatch.setattr(api, "_warned", set())
+    monkeypatch.setattr(dispatch, "_warned", set())
     seen = _fallback_warnings(call)
     assert len(seen) == 1
     message = str(seen[0].message)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lucid_assign import RotatedTaskAlignedAssigner, TaskAlignedAssigner, api, reference
+from lucid_assign import RotatedTaskAlignedAssigner, TaskAlignedAssigner, api, dispatch, reference
 
 from cases import STRIDES, make_problem
 from conftest import devices
@@ -114,7 +114,7 @@ def test_half_precision_boxes_are_refused():
     what to pass instead (docs/odd-inputs.md), not assigned."""
     inputs = make_problem(4, False, batch=2, n_boxes=8)
     inputs = _replace(_replace(inputs, 1, inputs[1].half()), 4, inputs[4].half())
-    for backend in api.BACKENDS:
+    for backend in dispatch.BACKENDS:
         with pytest.raises(TypeError, match=r"pd_bboxes must be float32 or float64, got torch.float16: half-precision "
                                             r"boxes .*Pass pd_bboxes.float\(\)"):
             api.assign(*inputs, topk=10, num_classes=7, backend=backend)
@@ -244,11 +244,11 @@ def assert_backends_agree(inputs, device, kw, exact):
     """The kernel against the reference under the contract (contract.py). Inputs the kernel does not take (some odd
     dtypes of _cases) go, with backend "auto", to the reference, saying why: the same outputs and a FallbackWarning."""
     ref = reference.assign(*inputs, **kw)
-    if api.kernel_unsupported(*(inputs[i] for i in (0, 1, 2, 4))) is None:
+    if dispatch.kernel_unsupported(*(inputs[i] for i in (0, 1, 2, 4))) is None:
         assert_matches(api.assign(*inputs, backend="kernel", **kw), ref, exact, device)
     else:
-        api._warned.clear()
-        with pytest.warns(api.FallbackWarning):
+        dispatch._warned.clear()
+        with pytest.warns(dispatch.FallbackWarning):
             assert_matches(api.assign(*inputs, **kw), ref, True, f"{device}, fallback")
     return ref
 

@@ -268,7 +268,7 @@ def test_patch_leaves_an_assigner_that_assigns_differently_to_the_peer(integ, pe
     diff = integ.self_check(peer_tal)
     assert diff is not None
     left = [n for n in NAMES if n in diff]
-    monkeypatch.setattr(integ, "_said", set())
+    monkeypatch.setattr(integ.STATE, "said", set())
     with pytest.warns(integ.FallbackWarning, match="is left to ultralytics"):
         integ.patch()
     assert left and all(getattr(loss, n) is getattr(peer_tal, n) for n in left)
@@ -293,7 +293,7 @@ def test_a_call_the_kernel_cannot_take_goes_to_the_peer_with_a_warning(integ, pe
 
     from cases import make_problem
 
-    monkeypatch.setattr(integ, "_said", set())
+    monkeypatch.setattr(integ.STATE, "said", set())
     monkeypatch.delenv("LUCID_ASSIGN_BACKEND", raising=False)
     inputs = list(make_problem(3, obb=True, num_classes=7))
     inputs[1], inputs[4] = inputs[1].double(), inputs[4].double()  # float64 boxes, float32 scores
@@ -325,7 +325,7 @@ def test_patch_leaves_a_pose_assigner_whose_gate_differs_to_the_peer(integ, peer
 
     monkeypatch.setattr(peer_tal.PoseTaskAlignedAssigner, "level_range", (2.0, 10.0))
     assert "PoseTaskAlignedAssigner" in (integ.self_check(peer_tal) or "")
-    monkeypatch.setattr(integ, "_said", set())
+    monkeypatch.setattr(integ.STATE, "said", set())
     with pytest.warns(integ.FallbackWarning, match="PoseTaskAlignedAssigner is left to ultralytics"):
         integ.patch()
     assert loss.PoseTaskAlignedAssigner is peer_tal.PoseTaskAlignedAssigner
@@ -348,7 +348,7 @@ def test_a_pose_call_the_kernel_cannot_take_goes_to_the_peer(integ, peer_tal, li
     """64 keypoints per object: more than the kernels take; the call runs the peer's own pose assigner, said once."""
     from cases import pose_problem as problem
 
-    monkeypatch.setattr(integ, "_said", set())
+    monkeypatch.setattr(integ.STATE, "said", set())
     monkeypatch.delenv("LUCID_ASSIGN_BACKEND", raising=False)
     inputs = problem(20, keypoints=64)
     integ.patch()
@@ -451,7 +451,7 @@ def test_a_patched_seg_call_is_checked_once(integ, library, monkeypatch):
 
     from ultralytics.utils import loss
 
-    from lucid_assign import api
+    from lucid_assign import checks, dispatch
 
     integ.patch()
     ours = loss.SegTaskAlignedAssigner(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
@@ -459,8 +459,8 @@ def test_a_patched_seg_call_is_checked_once(integ, library, monkeypatch):
     masks = dict(zip(reference.SEG_INPUTS, inputs[6:]))
     checked = []
     for name in ("check_inputs", "check_seg_inputs"):
-        real = getattr(api, name)
-        monkeypatch.setattr(api, name, lambda *a, real=real, **k: checked.append(1) or real(*a, **k))
+        real = getattr(checks, name)
+        monkeypatch.setattr(checks, name, lambda *a, real=real, **k: checked.append(1) or real(*a, **k))
     kw = dict(topk=10, num_classes=3, alpha=0.5, beta=6.0, stride=[8, 16, 32])
     fewer = [t[:, :3] if i in (3, 4, 5) else t for i, t in enumerate(inputs)]
     for x in (inputs, fewer):
@@ -468,12 +468,12 @@ def test_a_patched_seg_call_is_checked_once(integ, library, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(got[:2] + got[3:], want[:2] + want[3:]))
     ours(*inputs[:6], **dict(masks, mask_scale=masks["mask_scale"].double()))
     assert checked == []
-    monkeypatch.setenv(api.ENV_BACKEND, "reference")
+    monkeypatch.setenv(dispatch.ENV_BACKEND, "reference")
     got = ours(*inputs[:6], **masks)
     assert checked == [1, 1]
     want = reference.assign_seg(*inputs, **kw)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    monkeypatch.delenv(api.ENV_BACKEND)
+    monkeypatch.delenv(dispatch.ENV_BACKEND)
     bad = list(inputs)
     bad[3] = inputs[3].clone()
     bad[3][inputs[5][..., 0] != 0] = 3  # every real object's label out of [0, 3)
@@ -513,7 +513,7 @@ def _peer_log(integ, monkeypatch):
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
     LOGGER.addHandler(handler)
-    monkeypatch.setattr(integ, "_announced", False)
+    monkeypatch.setattr(integ.STATE, "announced", False)
     return lines, lambda: LOGGER.removeHandler(handler)
 
 

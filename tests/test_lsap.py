@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lucid_assign
-from lucid_assign import api, lsap
+from lucid_assign import dispatch, lsap, matching
 
 from conftest import devices
 
@@ -31,7 +31,7 @@ def solve(backend, cost, sizes=None, **options):
     if kind == "kernel":
         pytest.importorskip("lucid_assign._C", reason="compiled library not built")
     sizes_arg = sizes if sizes is None or isinstance(sizes, list) else sizes.to(device)
-    return api.linear_sum_assignment(cost.to(device), sizes_arg, backend=kind, check=False, **options)
+    return matching.linear_sum_assignment(cost.to(device), sizes_arg, backend=kind, check=False, **options)
 
 
 def problem(kind: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
@@ -65,7 +65,7 @@ def test_matrices_equal_scipy(backend, kind):
             want = scipy_pairs(cost)
             if isinstance(want, str):  # infeasible: the op says so in info, the API raises SciPy's words
                 with pytest.raises(ValueError, match=want):
-                    api.linear_sum_assignment(cost.to(backend[1]), backend=backend[0])
+                    matching.linear_sum_assignment(cost.to(backend[1]), backend=backend[0])
                 continue
             r, c = solve(backend, cost)
             assert (r.tolist(), c.tolist()) == want, (kind, rows, cols, cost)
@@ -152,10 +152,10 @@ def test_maximize_and_integer_costs_as_scipy(backend, dtype, maximize):
     # with maximize, the infinities change roles: -inf is the forbidden pair, +inf the invalid entry
     kind, device = backend
     lowest = torch.tensor([[1.0, float("-inf")], [float("-inf"), 2.0]], device=device)
-    assert [t.tolist() for t in api.linear_sum_assignment(lowest, maximize=True, backend=kind)] == [[0, 1], [0, 1]]
+    assert [t.tolist() for t in matching.linear_sum_assignment(lowest, maximize=True, backend=kind)] == [[0, 1], [0, 1]]
     assert scipy_optimize.linear_sum_assignment(lowest.cpu().numpy(), maximize=True)[1].tolist() == [0, 1]
     with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
-        api.linear_sum_assignment(lowest.neg(), maximize=True, backend=kind)
+        matching.linear_sum_assignment(lowest.neg(), maximize=True, backend=kind)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -167,20 +167,20 @@ def test_errors_have_scipy_words(backend):
         pytest.importorskip("lucid_assign._C", reason="compiled library not built")
     nan = torch.tensor([[1.0, float("nan")], [0.0, 2.0]])
     with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
-        api.linear_sum_assignment(nan.to(device), backend=kind)
+        matching.linear_sum_assignment(nan.to(device), backend=kind)
     neg_inf = torch.tensor([[1.0, float("-inf")], [0.0, 2.0]])
     with pytest.raises(ValueError, match="invalid numeric entries"):
-        api.linear_sum_assignment(neg_inf.to(device), backend=kind)
+        matching.linear_sum_assignment(neg_inf.to(device), backend=kind)
     blocked = torch.tensor([[float("inf"), float("inf")], [0.0, 2.0]])
     with pytest.raises(ValueError, match="^cost matrix is infeasible$"):
-        api.linear_sum_assignment(blocked.to(device), backend=kind)
+        matching.linear_sum_assignment(blocked.to(device), backend=kind)
     batch = torch.stack([torch.zeros(2, 2), blocked, nan])
     with pytest.raises(ValueError, match=r"^cost\[1\]: cost matrix is infeasible$"):
-        api.linear_sum_assignment(batch.to(device), backend=kind)
-    got = api.linear_sum_assignment(batch.to(device), backend=kind, check=False)
+        matching.linear_sum_assignment(batch.to(device), backend=kind)
+    got = matching.linear_sum_assignment(batch.to(device), backend=kind, check=False)
     assert got.tolist() == [[0, 1], [-1, -1], [-1, -1]]
     # a NaN outside a problem's valid columns is not part of it
-    assert api.linear_sum_assignment(nan[None].to(device), [1], backend=kind).tolist() == [[-1, 0]]
+    assert matching.linear_sum_assignment(nan[None].to(device), [1], backend=kind).tolist() == [[-1, 0]]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -191,7 +191,7 @@ def test_bad_arguments_name_the_argument(backend):
     cost = torch.rand(2, 3, 4, device=device)
 
     def call(*args, **kw):
-        return api.linear_sum_assignment(*args, backend=kind, **kw)
+        return matching.linear_sum_assignment(*args, backend=kind, **kw)
 
     with pytest.raises(ValueError, match="cost must be a matrix"):
         call(torch.rand(3, device=device))
@@ -237,15 +237,16 @@ def test_inputs_are_not_modified(library, device):
 
 def test_auto_falls_back_to_the_reference_with_a_warning(monkeypatch):
     """Under "auto", a device without a kernel runs the reference, said by a FallbackWarning."""
-    monkeypatch.setattr(api, "device_unsupported",
-                        lambda device, op="assign": api.Reason("no kernel here (test)", "build it"))
-    monkeypatch.setattr(api, "_warned", set())
+    monkeypatch.setattr(dispatch, "device_unsupported",
+                        lambda device, op="assign": dispatch.Reason("no kernel here (test)", "build it"))
+    monkeypatch.setattr(dispatch, "_warned", set())
+    monkeypatch.setattr(dispatch, "_unsupported", {})
     cost = torch.rand(4, 3)
     with pytest.warns(lucid_assign.FallbackWarning, match="no kernel here"):
-        r, c = api.linear_sum_assignment(cost)
+        r, c = matching.linear_sum_assignment(cost)
     assert (r.tolist(), c.tolist()) == scipy_pairs(cost)
     with pytest.raises(RuntimeError, match="backend='kernel' cannot run"):
-        api.linear_sum_assignment(cost, backend="kernel")
+        matching.linear_sum_assignment(cost, backend="kernel")
 
 
 def test_op_outputs_and_opcheck(library):
@@ -271,8 +272,8 @@ def test_the_api_compiles_with_fullgraph(library, device):
     sizes = torch.tensor([7, 3, 0], device=device)
 
     def match(c, s):
-        return (api.linear_sum_assignment(c, s, check=False), api.linear_sum_assignment(c, [7, 3, 0], check=False),
-                api.linear_sum_assignment(c.float(), s, maximize=True, check=False))
+        return (matching.linear_sum_assignment(c, s, check=False), matching.linear_sum_assignment(c, [7, 3, 0], check=False),
+                matching.linear_sum_assignment(c.float(), s, maximize=True, check=False))
 
     compiled = torch.compile(match, fullgraph=True)
     for got, want in zip(compiled(cost, sizes), match(cost, sizes)):
@@ -292,7 +293,7 @@ def test_cuda_sizes_out_of_range_are_reported_without_a_sync(library):
         torch.cuda.set_sync_debug_mode("default")
     assert info.tolist() == [0, lsap.BAD_SIZE] and rows[1].tolist() == [-1] * 4
     with pytest.raises(ValueError, match=r"sizes\[1\] is outside \[0, C\]"):
-        api.linear_sum_assignment(cost, sizes)
+        matching.linear_sum_assignment(cost, sizes)
 
 
 @pytest.mark.cuda
@@ -307,7 +308,7 @@ def test_cuda_no_sync_graphs_and_compile(library):
     torch.cuda.set_sync_debug_mode("error")
     try:
         library.linear_sum_assignment(cost, sizes)
-        api.linear_sum_assignment(cost, [20, 7, 0, 13], check=False)
+        matching.linear_sum_assignment(cost, [20, 7, 0, 13], check=False)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     static = cost.clone()

@@ -101,7 +101,7 @@ def recording(self, *args):
 integ.LucidTaskAlignedAssigner.forward = recording
 with integ.patched("kernel"):
     lucid = train(contextlib.nullcontext())
-    peer_cls = integ._peer_class("TaskAlignedAssigner")
+    peer_cls = integ.STATE.original("TaskAlignedAssigner")
 # every call against the release's own assigner (the oracle) on that call's inputs
 for i, (a, inputs, got) in enumerate(calls):
     peer = peer_cls(topk=a.topk, num_classes=a.num_classes, alpha=a.alpha, beta=a.beta, eps=a.eps)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import lucid_assign
-from lucid_assign import api, ops, reference
+from lucid_assign import api, checks, ops, reference
 from lucid_assign.synthetic import anchor_points, pose_batch
 
 from cases import pose_problem as problem, MODEL_SETTING_IDS, MODEL_SETTINGS, STRIDE_VAL, STRIDES
@@ -279,8 +279,8 @@ def test_the_kernel_path_is_checked_by_the_op(library, monkeypatch):
     object count, and gives the reference's outputs; gt_kpts whose object count is not gt_bboxes' are refused by the
     op, naming the argument."""
     checked = []
-    real = api.check_pose_inputs
-    monkeypatch.setattr(api, "check_pose_inputs", lambda *a: checked.append(1) or real(*a))
+    real = checks.check_pose_inputs
+    monkeypatch.setattr(checks, "check_pose_inputs", lambda *a: checked.append(1) or real(*a))
     kw = dict(num_classes=3, topk=10)
     inputs = problem(40)
     assert inputs[4].shape[1] > 3

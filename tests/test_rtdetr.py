@@ -143,7 +143,7 @@ def test_without_scipy_the_matcher_is_left_to_the_peer(integ, monkeypatch):
 
     original = loss.HungarianMatcher
     monkeypatch.setattr(ultralytics_detr, "peer_solver_is_scipy", lambda: False)
-    monkeypatch.setattr(integ, "_said", set())
+    monkeypatch.setattr(integ.STATE, "said", set())
     with pytest.warns(integ.FallbackWarning, match="HungarianMatcher is left to ultralytics .*NumPy solver"):
         integ.patch()
     assert loss.HungarianMatcher is original
@@ -213,7 +213,7 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(integ, device, solve
     """RTDETRDetectionLoss calls the matcher once per layer of its (L, B, Q, .) stack: the patched matcher solves every
     layer's problems in one call at the stack's first call, and the loss values and gradients are those of one solve
     per layer, bit for bit."""
-    from lucid_assign.integrations import ultralytics_detr as detr
+    from lucid_assign.integrations import _matching as core, ultralytics_detr as detr
     from ultralytics.models.utils.loss import RTDETRDetectionLoss
 
     integ.patch()
@@ -224,7 +224,7 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(integ, device, solve
     together = rtdetr_loss(device)
     assert solves == [6 * 4]  # six layers of four images
     solves.clear()
-    monkeypatch.setattr(detr, "MAX_LAYERS", 1)  # no stack is one any more: a solve per call
+    monkeypatch.setattr(core, "MAX_LAYERS", 1)  # no stack is one any more: a solve per call
     apart = rtdetr_loss(device)
     assert solves == [4] * 6
     assert_same_loss(together, apart)
@@ -289,33 +289,14 @@ def test_a_patched_matcher_pickles(integ, solves, how):
 def test_rtdetr_model_matches_its_seven_layers_in_one_solve(integ, solves, monkeypatch):
     """The peer's RT-DETR model stacks the encoder's and the six decoder layers' outputs: one solve for the seven, and
     the loss of one solve per layer, bit for bit."""
-    from lucid_assign.integrations import ultralytics_detr as detr
+    from lucid_assign.integrations import _matching as core
 
     integ.patch()
     together = rtdetr_model_loss()
     assert solves == [7 * 3]
     solves.clear()
-    monkeypatch.setattr(detr, "MAX_LAYERS", 1)
+    monkeypatch.setattr(core, "MAX_LAYERS", 1)
     apart = rtdetr_model_loss()
     assert solves == [3] * 7
     assert torch.equal(together[0], apart[0]), (together, apart)
     assert all(torch.equal(together[1][k], apart[1][k]) for k in apart[1])
-
-
-def test_which_tensors_are_layers_of_a_stack(library):
-    """A call's predictions are a layer of a stack when they are stack[l] of an (L, B, Q, .) stack of at most
-    MAX_LAYERS layers, reached through any slices along the layers; anything else is a call of its own."""
-    from lucid_assign.integrations import ultralytics_detr as detr
-
-    stack = torch.rand(7, 2, 5, 4)
-    assert [detr._layer_of(stack[k])[1] for k in range(7)] == list(range(7))
-    assert detr._layer_of(stack[:-1][2])[1] == 2 and detr._layer_of(stack[3:][1])[1] == 4
-    assert detr._layer_of(stack[4])[0] is stack
-    for other in (stack, stack[:, 1], stack[2].clone(), stack[2, :, 1:], stack.transpose(0, 1)[1],
-                  torch.rand(detr.MAX_LAYERS + 1, 2, 5, 4)[0], torch.rand(1, 2, 5, 4)[0]):
-        assert detr._layer_of(other) is None
-
-    class Marked(torch.Tensor):
-        pass
-
-    assert detr._layer_of(stack.as_subclass(Marked)[1]) is None

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import lucid_assign
-from lucid_assign import api, ops, reference
+from lucid_assign import api, checks, dispatch, ops, reference
 
 from cases import MODEL_SETTING_IDS as SETTING_IDS, MODEL_SETTINGS as SETTINGS, STRIDE_VAL, STRIDES
 from cases import seg_problem as problem
@@ -459,8 +459,8 @@ def test_the_kernel_path_is_checked_by_the_op(library, monkeypatch):
     object count, and gives the reference's outputs; gt_masks with fewer rows than objects are refused by the op, and
     so are pd_coef and proto of two dtypes outside the autocast that lets them pass."""
     checked = []
-    real = api.check_seg_inputs
-    monkeypatch.setattr(api, "check_seg_inputs", lambda *a: checked.append(1) or real(*a))
+    real = checks.check_seg_inputs
+    monkeypatch.setattr(checks, "check_seg_inputs", lambda *a: checked.append(1) or real(*a))
     kw = dict(num_classes=3, topk=10)
     inputs = problem(40)
     n_boxes = inputs[4].shape[1]
@@ -512,13 +512,13 @@ def test_masks_beyond_the_kernels_limit_run_on_the_reference(library, monkeypatc
     real = lucid_assign._library.limit
     monkeypatch.setattr(lucid_assign._library, "limit",
                         lambda name: pixels - 1 if name == "MAX_MASK_PIXELS" else real(name))
-    api._unsupported.clear()
+    dispatch._unsupported.clear()
     with pytest.warns(UserWarning, match=f"at most {pixels - 1} pixels"):
         got = api.assign_seg(*inputs, num_classes=3, topk=10)
     assert_same(got, run_reference(inputs, num_classes=3, topk=10))
     with pytest.raises(RuntimeError, match="backend='kernel' cannot run"):
         api.assign_seg(*inputs, num_classes=3, topk=10, backend="kernel")
-    api._unsupported.clear()
+    dispatch._unsupported.clear()
 
 
 @pytest.mark.cuda

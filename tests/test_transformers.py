@@ -13,8 +13,8 @@ tf = pytest.importorskip("transformers")
 pytest.importorskip("scipy")
 from scipy.optimize import linear_sum_assignment  # noqa: E402
 
-from lucid_assign.api import FallbackWarning  # noqa: E402
-from lucid_assign.integrations import transformers as lt  # noqa: E402
+from lucid_assign import FallbackWarning  # noqa: E402
+from lucid_assign.integrations import _matching as core, transformers as lt  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -146,7 +146,7 @@ def test_each_family_gives_the_same_loss_patched(library, family, device, monkey
     plain = _loss(model, inputs, labels)
     with lt.patched("kernel"):
         assert f"{spec.matcher}: patched" in lt.patch_report()
-        cls = next(c for c in lt._originals if c.__name__ == spec.matcher)
+        cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
         with _each_call_compared(cls) as calls:
             ours = _loss(model, inputs, labels)
             again = _loss(model, inputs, labels)  # after the first call's check: the layers matched at once
@@ -165,7 +165,7 @@ def _each_call_compared(cls):
     """Each call of the patched class also runs the matcher's own forward on the same inputs (SciPy on the host) and
     from the same state of the random generators (RF-DETR's mask cost draws points), leaving them where the patched
     call did; the list says for each call whether the two matched alike."""
-    patched_forward, own, calls = cls.forward, lt._originals[cls], []
+    patched_forward, own, calls = cls.forward, lt.STATE.originals[cls], []
 
     def compared(self, outputs, targets, *args, **kwargs):
         devices = lt._cuda_devices(outputs)
@@ -191,9 +191,9 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, mon
     checked on its own): fewer solves than matcher calls, each call's matches the matcher's own (LW-DETR: in query
     groups)."""
     solves = []
-    match_problems = lt._match_problems
-    monkeypatch.setattr(lt, "_match_problems",
-                        lambda problems, *a: solves.append(len(problems)) or match_problems(problems, *a))
+    solve = core.solve
+    monkeypatch.setattr(core, "solve", lambda problems, where, backend, layers=1: solves.append(layers)
+                        or solve(problems, where, backend, layers))
     spec = FAMILIES[family]
     torch.manual_seed(0)
     # DETR and LW-DETR match their last layer apart from the others (not a view of their stack): three layers, so
@@ -204,7 +204,7 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, mon
     inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(2))}
     labels = _labels([3, 0, 6])
     with lt.patched("kernel"):
-        cls = next(c for c in lt._originals if c.__name__ == spec.matcher)
+        cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
         _loss(model, inputs, labels)  # the class's first call, checked
         solves.clear()
         with _each_call_compared(cls) as calls:
@@ -229,7 +229,7 @@ def test_layer_matches_follow_their_inputs(library):
         matcher(layer(2), targets)  # the class's first call, checked
         for k in (2, 0, 1):  # 2 matches all three layers at once; 0 and 1 are served
             assert lt._same(matcher(layer(k), targets), own(matcher, layer(k), targets))
-        assert lt._STACKS.get(matcher) is not None and not lt._STACKS[matcher]._layers
+        assert core._MEMOS.get(matcher) is not None and not core._MEMOS[matcher]._layers
         matcher(layer(2), targets)  # a new pass over the stack: all its layers again
         logits[:, 1] = logits[:, 1].flip(1)  # in place: layer 1's served matches would be stale
         assert lt._same(matcher(layer(1), targets), own(matcher, layer(1), targets))
@@ -240,7 +240,7 @@ def test_layer_matches_follow_their_inputs(library):
         assert lt._same(matcher(layer(0, slice(2, 10)), targets), own(matcher, layer(0, slice(2, 10)), targets))
         # LW-DETR's query groups: a call with other groups than the stack's first call matches afresh
         grouped = lt._classes()["LwDetrHungarianMatcher"]
-        lw, lw_own = grouped(class_cost=2, bbox_cost=5, giou_cost=2), lt._originals[grouped]
+        lw, lw_own = grouped(class_cost=2, bbox_cost=5, giou_cost=2), lt.STATE.originals[grouped]
         lw(layer(2), targets, 2)  # the class's first call, checked
         lw(layer(2), targets, 2)
         assert lt._same(lw(layer(1), targets, 4), lw_own(lw, layer(1), targets, 4))
@@ -284,9 +284,9 @@ def test_patch_report_unpatch_and_a_class_that_differs(library, monkeypatch):
     lt.unpatch()
     assert not lt.is_patched() and all(vars(cls)["forward"] is own[cls] for cls in classes.values())
     # a patched class whose first call differs from the matcher's own goes back to it, said once
-    monkeypatch.setattr(lt, "match", lambda cost, sizes, groups=1, backend="auto", check=False: [
-        (torch.arange(min(n, cost.shape[1]) - 1, -1, -1), torch.arange(min(n, cost.shape[1])))
-        for n in sizes])
+    monkeypatch.setattr(core, "solve_call", lambda problems, where, *a, **k: [
+        (torch.arange(min(n, where.queries) - 1, -1, -1), torch.arange(min(n, where.queries)))
+        for n in where.counts])
     make, matcher = FAMILIES["DETR"][:2]
     torch.manual_seed(0)
     model = make()
@@ -328,7 +328,7 @@ def test_costs_scipy_refuses_raise_scipys_error(library, device, backend, monkey
         matcher(bad, targets)  # transformers' own
     with lt.patched(backend):
         assert lt._same(matcher(outputs, targets), own(matcher, outputs, targets))  # the first call's check
-        with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+        with pytest.raises(ValueError, match="^image 1: matrix contains invalid numeric entries$"):
             matcher(bad, targets)
         assert lt._same(matcher(outputs, targets), own(matcher, outputs, targets))
     # the order of SciPy's loop: image 0's group 1 is infeasible, image 1's group 0 holds NaN: the groups come first
@@ -337,36 +337,14 @@ def test_costs_scipy_refuses_raise_scipys_error(library, device, backend, monkey
     cost[1, 0, 3] = float("nan")
     with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
         _scipy_groups(cost, [2, 3], 2)
-    with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+    with pytest.raises(ValueError, match="^image 1, query group 0: matrix contains invalid numeric entries$"):
         lt.match(cost.to(device), [2, 3], 2, backend, check=True)
     first = cost[:1, :, :2]  # image 0 alone: feasible as one group of four queries, not as two of two
     assert lt._same(lt.match(first.to(device), [2], 1, backend, check=True), _scipy_groups(first, [2], 1))
     with pytest.raises(ValueError, match="^cost matrix is infeasible$"):
         _scipy_groups(first, [2], 2)
-    with pytest.raises(ValueError, match="^cost matrix is infeasible$"):
+    with pytest.raises(ValueError, match="^image 0, query group 1: cost matrix is infeasible$"):
         lt.match(first.to(device), [2], 2, backend, check=True)
-
-
-def test_the_cost_is_taken_only_in_the_patched_forwards_thread():
-    """Tensor.cpu is hooked only while a patched forward runs, and there only for that forward's thread: another
-    thread's copies to the host are torch's own, and the hook is gone afterwards."""
-    import threading
-
-    cost = torch.rand(2, 3, 4)
-    seen = {}
-
-    def other_thread():
-        seen["other"] = cost.cpu()  # 3-D, in another thread, while the hook is installed
-
-    with pytest.raises(lt._Cost) as taken:
-        with lt._take_cost():
-            assert "cpu" in vars(torch.Tensor)
-            worker = threading.Thread(target=other_thread)
-            worker.start()
-            worker.join()
-            cost.cpu()
-    assert taken.value.cost is cost and torch.equal(seen["other"], cost)
-    assert "cpu" not in vars(torch.Tensor) and torch.Tensor.cpu is torch._C.TensorBase.cpu
 
 
 def test_a_checked_call_leaves_the_random_generators_as_unpatched():
@@ -383,7 +361,7 @@ def test_a_checked_call_leaves_the_random_generators_as_unpatched():
     with lt.patched("kernel"):
         _loss(model, inputs, labels)
         after_patched = torch.random.get_rng_state()
-        cls = next(c for c in lt._originals if c.__name__ == spec.matcher)
+        cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
         assert lt._verified.get(cls) is True
     assert torch.equal(after_plain, after_patched)
 

@@ -44,10 +44,11 @@ import sys
 
 import torch
 
-from .. import __version__, _library, api, reference
+from .. import __version__, _library, dispatch, reference
 from .. import assigner as _ours
 from ..reference import SEG_INPUTS
-from ._peer import TESTED_RANGE, accepted as _accepted, find_peer as _peer, first_module
+from ._patching import ULTRALYTICS as STATE
+from ._peer import TESTED_RANGE, accepted as _accepted, find_peer as _peer
 from .ultralytics_check import check_peer, self_check
 from .ultralytics_ddp import rank_patched
 from .ultralytics_detr import NAME as MATCHER, LucidHungarianMatcher, check_matcher, matcher_modules
@@ -58,14 +59,10 @@ __all__ = ["FallbackWarning", "LucidHungarianMatcher", "LucidPoseTaskAlignedAssi
            "effective_backend", "is_patched", "patch", "patch_report", "patched", "self_check", "unpatch"]
 
 _SEG_KEYS = frozenset(SEG_INPUTS)
-VERBOSE_ENV = "LUCID_ASSIGN_VERBOSE"
 
-_originals: dict | None = None  # (module, name) -> the peer's object that patch() replaced
+# STATE (_patching.py): originals, (module, name) -> the peer's object that patch() replaced; backend; said once
 _rules: dict = {}  # assigner name -> the rule set its patched class reproduces
 _left: dict = {}  # assigner name -> why patch() left it to the peer
-_backend = "auto"  # the backend of the current patch
-_said: set = set()
-_announced = False  # whether this process said that the patch took effect (at the first patched call)
 
 
 class PeerMismatchError(RuntimeError):
@@ -73,13 +70,7 @@ class PeerMismatchError(RuntimeError):
     patch."""
 
 
-FallbackWarning = api.FallbackWarning  # a patched assigner hands a call its kernel cannot take to the peer's own
-
-def _verbose(msg: str) -> None:
-    if os.environ.get(VERBOSE_ENV, "0") not in ("", "0"):
-        rank = os.environ.get("RANK")
-        where = f"rank {rank}, " if rank is not None else ""
-        print(f"lucid-assign [{where}pid {os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+FallbackWarning = dispatch.FallbackWarning  # a patched assigner hands a call its kernel cannot take to the peer's own
 
 
 # --- the patched classes -------------------------------------------------------------------------------------------
@@ -93,9 +84,9 @@ class _Patched:
     def __init__(self, *args, **kwargs):
         """The peer's constructor of the patched release (8.0 to 8.3: no ``stride`` or ``topk2``, ``eps`` fifth),
         with the rule set that patch() found for it."""
-        ours = {"backend": kwargs.pop("backend", _backend),
+        ours = {"backend": kwargs.pop("backend", STATE.backend),
                 "rules": kwargs.pop("rules", _rules.get(self.peer_name, reference.DEFAULT_RULES))}
-        peer_cls = _peer_class(self.peer_name)
+        peer_cls = STATE.original(self.peer_name)
         if peer_cls is not None:
             bound = inspect.signature(peer_cls.__init__).bind(None, *args, **kwargs).arguments
             bound.pop(next(iter(bound)))  # self
@@ -111,7 +102,7 @@ class _Patched:
     def peer(self):
         """The peer's own assigner with the same settings (built on first use)."""
         if self._peer_assigner is None:
-            cls = _peer_class(self.peer_name) or getattr(_peer().tal, self.peer_name)
+            cls = STATE.original(self.peer_name) or getattr(_peer().tal, self.peer_name)
             settings = dict(topk=self.topk, num_classes=self.num_classes, alpha=self.alpha, beta=self.beta,
                             stride=self.stride, eps=self.eps, topk2=self.topk2)
             self.__dict__["_peer_assigner"] = cls(*self._peer_args(), **_accepted(cls, settings))
@@ -131,9 +122,10 @@ class _Patched:
 
         def to_peer(why):
             fell.append(why)
-            _say_once(f"lucid-assign: the patched {self.peer_name} cannot run its kernel here ({why}), so these calls "
-                      f"go to ultralytics' own assigner, at its speed. Fix: {api.kernel_fix(box[0].device.type, why)}"
-                      f"; or patch(backend='kernel') to make this an error")
+            STATE.say_once(f"lucid-assign: the patched {self.peer_name} cannot run its kernel here ({why}), so these "
+                           f"calls go to ultralytics' own assigner, at its speed. Fix: "
+                           f"{dispatch.kernel_fix(box[0].device.type, why)}; or patch(backend='kernel') to make this "
+                           f"an error")
             return "peer"
 
         out = self._assign(box, extra, on_unsupported=to_peer)
@@ -148,19 +140,12 @@ class _Patched:
             self.__dict__["_first_call"] = False
             device = pd_scores.device if isinstance(pd_scores, torch.Tensor) else "?"
             what = f"the peer's own assigner ({ran})" if ran else f"lucid-assign's {self._effective_backend()}"
-            _verbose(f"{type(self).__name__}(topk={self.topk}, topk2={self.topk2}) ran {what} on {device}")
-            _announce(f"{self.peer_name} ran {what} on {device}")
+            STATE.verbose(f"{type(self).__name__}(topk={self.topk}, topk2={self.topk2}) ran {what} on {device}")
+            STATE.announce(f"{self.peer_name} ran {what} on {device}", __version__)
 
     def _effective_backend(self) -> str:
-        backend = os.environ.get(api.ENV_BACKEND) or self.backend
+        backend = os.environ.get(dispatch.ENV_BACKEND) or self.backend
         return "kernel" if backend == "auto" else backend  # "auto" reached here means the kernel could run
-
-def _peer_class(name: str):
-    """The peer's class that patch() replaced by the patched class of ``name``, or None when not patched."""
-    for (_, attr), obj in (_originals or {}).items():
-        if attr == name:
-            return obj
-    return None
 
 
 class LucidTaskAlignedAssigner(_Patched, _ours.TaskAlignedAssigner):
@@ -224,31 +209,9 @@ def check_matcher_of_peer():
     return check_matcher(getattr(modules[0], MATCHER)) if modules else None
 
 
-def _announce(first_call: str) -> None:
-    """Say once per process, through the peer's logger (so that its verbosity settings apply), that the patch took
-    effect: lucid-assign's version, and what the first patched call ran where."""
-    global _announced
-    if _announced:
-        return
-    _announced = True
-    _logger().info(f"lucid-assign {__version__}: ultralytics' assigners are patched; the first call: {first_call}")
-
-
-def _logger():
-    """The peer's LOGGER (ultralytics.utils, or ultralytics.yolo.utils in early releases)."""
-    module = first_module(("ultralytics.utils", "ultralytics.yolo.utils"))
-    return module.LOGGER
-
-
 def effective_backend() -> str:
     """The backend the patched assigners run with: LUCID_ASSIGN_BACKEND when set, else patch()'s argument."""
-    return os.environ.get(api.ENV_BACKEND) or _backend
-
-
-def _say_once(msg: str) -> None:
-    if msg not in _said:
-        _said.add(msg)
-        api.warn_caller(msg, FallbackWarning)
+    return STATE.effective_backend()
 
 
 # --- patch / unpatch -----------------------------------------------------------------------------------------------
@@ -264,11 +227,11 @@ def patch(backend: str = "auto") -> None:
     FallbackWarning); a class the release lacks is not a concern. Raises ``PeerMismatchError`` when no class of the
     release is reproduced (nothing to patch), and ``RuntimeError`` for ``backend="kernel"`` when the compiled library
     is not loaded."""
-    global _originals, _backend, _rules, _left
-    if backend not in api.BACKENDS:
-        raise ValueError(f"backend must be one of {api.BACKENDS}, got {backend!r}")
+    global _rules, _left
+    if backend not in dispatch.BACKENDS:
+        raise ValueError(f"backend must be one of {dispatch.BACKENDS}, got {backend!r}")
     peer = _peer()
-    if _originals is None:
+    if STATE.originals is None:
         found = check_peer(peer.tal)
         rules = {name: r for name, (r, _) in found.items() if r is not None}
         if not rules:
@@ -280,12 +243,13 @@ def patch(backend: str = "auto") -> None:
         raise RuntimeError(f"patch(backend='kernel'): the compiled library is not loaded ({_library.LOAD_ERROR}). "
                            f"Fix: {_library.LOAD_FIX}")
     if backend == "auto" and not _library.loaded():
-        _say_once(f"lucid-assign: the compiled library is not loaded ({_library.LOAD_ERROR}), so the patched "
-                  f"assigners hand every call to ultralytics' own assigner, at its speed. Fix: {_library.LOAD_FIX}")
-    if _originals is None:
+        STATE.say_once(f"lucid-assign: the compiled library is not loaded ({_library.LOAD_ERROR}), so the patched "
+                       f"assigners hand every call to ultralytics' own assigner, at its speed. Fix: "
+                       f"{_library.LOAD_FIX}")
+    if STATE.originals is None:
         _rules = rules
         _left = {name: why for name, (r, why) in found.items() if r is None}
-        _originals = {(m.__name__, n): getattr(m, n) for m in peer.losses for n in rules if hasattr(m, n)}
+        originals = {(m.__name__, n): getattr(m, n) for m in peer.losses for n in rules if hasattr(m, n)}
         matcher = check_matcher_of_peer()
         if matcher is not None:
             variant, why = matcher
@@ -294,56 +258,57 @@ def patch(backend: str = "auto") -> None:
                 _left[MATCHER] = why
             else:
                 _rules[MATCHER] = describe_variant(variant)
-                _originals.update({(m.__name__, MATCHER): getattr(m, MATCHER) for m in matcher_modules()})
+                originals.update({(m.__name__, MATCHER): getattr(m, MATCHER) for m in matcher_modules()})
         if callable(getattr(peer.dist, "generate_ddp_file", None)):
-            _originals[(peer.dist.__name__, "generate_ddp_file")] = peer.dist.generate_ddp_file
+            originals[(peer.dist.__name__, "generate_ddp_file")] = peer.dist.generate_ddp_file
+        STATE.originals = originals
         for name, why in _left.items():
-            _say_once(f"lucid-assign: ultralytics {peer.version}'s {name} is left to ultralytics ({why}); its other "
-                      f"assigners are patched")
-    _backend = backend
-    LucidHungarianMatcher.backend = backend
-    for (module, name), original in _originals.items():
-        ours = rank_patched(original, lambda: _backend) if name == "generate_ddp_file" else _PATCHED[name]
+            STATE.say_once(f"lucid-assign: ultralytics {peer.version}'s {name} is left to ultralytics ({why}); its "
+                           f"other assigners are patched")
+    STATE.backend = LucidHungarianMatcher.backend = backend
+    for (module, name), original in STATE.originals.items():
+        ours = rank_patched(original, lambda: STATE.backend) if name == "generate_ddp_file" else _PATCHED[name]
         setattr(sys.modules[module], name, ours)
-    _verbose(f"patched ultralytics {peer.version} (backend {effective_backend()!r}): "
-             f"{', '.join(f'{n} with rules {r}' for n, r in _rules.items())}")
+    STATE.verbose(f"patched ultralytics {peer.version} (backend {effective_backend()!r}): "
+                  f"{', '.join(f'{n} with rules {r}' for n, r in _rules.items())}")
 
 
 def patch_report() -> list:
     """What patch() did with each assigner of the installed release, and with its RT-DETR matcher: lines "NAME:
     patched (rule set R)" (the matcher: "patched (its cost variant)") or "NAME: left to ultralytics (why)". Empty
     when not patched."""
+    if not STATE.is_patched():
+        return []
     return ([f"{name}: patched ({'' if name == MATCHER else 'rule set '}{rules})" for name, rules in _rules.items()] +
-            [f"{name}: left to ultralytics ({why})" for name, why in _left.items()]) if _originals is not None else []
+            [f"{name}: left to ultralytics ({why})" for name, why in _left.items()])
 
 
 def unpatch() -> None:
     """Restore the peer exactly as it was. Harmless when not patched."""
-    global _originals, _rules, _left
-    if _originals is None:
+    global _rules, _left
+    if STATE.originals is None:
         return
-    for (module, name), original in _originals.items():
+    for (module, name), original in STATE.originals.items():
         setattr(sys.modules[module], name, original)
-    _originals, _rules, _left = None, {}, {}
+    STATE.originals, _rules, _left = None, {}, {}
     LucidHungarianMatcher.variant, LucidHungarianMatcher.backend = None, "auto"
 
 
 def is_patched() -> bool:
     """True while patch() is in effect (between patch() and unpatch())."""
-    return _originals is not None
+    return STATE.is_patched()
 
 
 @contextlib.contextmanager
 def patched(backend: str = "auto"):
     """``with patched(): ...`` patches for the block; leaving it restores exactly the state before it: the peer
     unpatched, or patched with the backend it had."""
-    global _backend
-    was, before = is_patched(), _backend
+    was, before = is_patched(), STATE.backend
     patch(backend)
     try:
         yield
     finally:
         if was:
-            _backend = LucidHungarianMatcher.backend = before
+            STATE.backend = LucidHungarianMatcher.backend = before
         else:
             unpatch()

@@ -1,0 +1,219 @@
+"""The matching core of the DETR integrations (lucid_assign.integrations._matching), on its own: which tensors are
+layers of a stack, the ragged layout against SciPy's loops, the rule of "same call" of the layer memo (inference
+tensors fall back), the refusal's words and order, the cost taken at its copy to the host, and a matcher's settings."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from lucid_assign.integrations import _matching as core
+
+scipy_optimize = pytest.importorskip("scipy.optimize", reason="SciPy is the oracle")
+
+
+def test_which_tensors_are_layers_of_a_stack():
+    """A layer of a stack: ``stack.select(dim, l)`` of a contiguous stack of 2 to MAX_LAYERS layers, sliced along the
+    other dims (iterating or indexing (L, B, Q, C) or (B, L, Q, C) outputs), or a contiguous block of a contiguous
+    stack (a head's output over the flattened layers); anything else is a call of its own."""
+    stack = torch.rand(7, 2, 5, 4)
+    assert [core.layer_of(stack[k]).layer for k in range(7)] == list(range(7))
+    assert [core.layer_of(t).layer for t in stack] == list(range(7))  # iterating: the peer's loss
+    assert core.layer_of(stack[:-1][2]).layer == 2 and core.layer_of(stack[3:][1]).layer == 4
+    found = core.layer_of(stack[4])
+    assert found.stack is stack and found.layers == 7 and found.step == 40 and found.where == 0
+    across = core.layer_of(stack[:, 1])  # a (B, L, Q, C) reading of the same storage: dim 1 has 2 "layers"
+    assert (across.layer, across.layers, across.step) == (1, 2, 20)
+    sliced = core.layer_of(stack[2, :, 1:])
+    assert (sliced.layer, sliced.layers, sliced.where) == (2, 7, 4)
+    flat = torch.rand(3 * 2 * 5, 4)  # a head's output over the flattened layers, viewed per layer
+    assert core.layer_of(flat.view(3, 2, 5, 4)[1]).layer == 1
+    assert core.layer_of(flat[10:20].view(2, 5, 4)).layer == 1
+    for other in (stack, stack[2].clone(), stack.transpose(1, 2)[0], torch.rand(core.MAX_LAYERS + 1, 2, 5, 4)[0],
+                  torch.rand(1, 2, 5, 4)[0], flat[3:13].view(2, 5, 4), stack[2].view(torch.int32)):
+        assert core.layer_of(other) is None
+
+    class Marked(torch.Tensor):
+        pass
+
+    assert core.layer_of(stack.as_subclass(Marked)[1]) is None
+
+
+def test_stacked_views_are_each_layers_view():
+    stack = torch.rand(2, 4, 6, 5)  # (B, L, Q, C)
+    t = stack[:, 2, 1:]
+    every = core.stacked(t, core.layer_of(t))
+    assert every.shape == (4, 2, 5, 5)
+    assert all(torch.equal(every[k], stack[:, k, 1:]) and every[k].stride() == t.stride() for k in range(4))
+
+
+def _scipy(cost, counts, groups, per_batch=False):
+    """SciPy's loop of the matchers: per query group, per image, on its block of the cross-product cost."""
+    per_group = cost.shape[1] // groups
+    starts = np.cumsum([0, *counts])
+    found = [([], []) for _ in counts]
+    for g in range(groups):
+        for b, n in enumerate(counts):
+            block = cost[b, g * per_group:(g + 1) * per_group, starts[b]:starts[b] + n]
+            i, j = scipy_optimize.linear_sum_assignment(block.numpy())
+            found[b][0].extend(i + g * per_group)
+            found[b][1].extend(j + (starts[b] if per_batch else 0))
+    return [(list(i), list(j)) for i, j in found]
+
+
+@pytest.mark.parametrize("backend", ["reference", "kernel"])
+def test_layout_and_matches_equal_scipys_loops(library, backend):
+    """A batch's cross-product cost cut into per-image blocks (and query groups), solved in one call and turned into
+    the matchers' index format: each image's matches are SciPy's on its block, ties included, the objects indexed in
+    their image or among the batch's."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        counts = torch.randint(0, 8, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g).tolist()
+        if sum(counts) == 0:
+            continue
+        groups = int(torch.randint(1, 4, (1,), generator=g))
+        queries = groups * int(torch.randint(1, 7, (1,), generator=g)) + int(torch.randint(0, 2, (1,), generator=g))
+        cost = torch.randint(0, 3, (len(counts), queries, sum(counts)), generator=g).double()  # ties everywhere
+        where = core.layout(counts, queries, groups, "cpu")
+        for per_batch in (False, True):
+            got = core.solve_call(core.problems_of_cross_cost(cost, where), where, backend, check=True,
+                                  batch_objects=per_batch)
+            assert [(i.tolist(), j.tolist()) for i, j in got] == _scipy(cost, counts, groups, per_batch), trial
+
+
+def test_pad_objects_is_pad_sequence():
+    counts = [2, 0, 3]
+    flat = torch.arange(5 * 4, dtype=torch.float32).view(5, 4)
+    where = core.layout(counts, 6, 1, "cpu")
+    want = torch.nn.utils.rnn.pad_sequence(flat.split(counts), batch_first=True)
+    assert torch.equal(core.pad_objects(flat, where), want)
+
+
+def test_refusals_name_the_first_problem_of_scipys_loop(library):
+    """The loop over query groups is outside the loop over images: image 1's group 0 (NaN) comes before image 0's
+    group 1 (infeasible), and the error names it with SciPy's words."""
+    cost = torch.rand(2, 4, 5)
+    cost[0, 2:, :2] = float("inf")
+    cost[1, 0, 3] = float("nan")
+    where = core.layout([2, 3], 4, 2, "cpu")
+    with pytest.raises(ValueError, match=r"^image 1, query group 0: matrix contains invalid numeric entries$"):
+        core.solve_call(core.problems_of_cross_cost(cost, where), where, "kernel", check=True)
+    one = core.layout([2], 4, 2, "cpu")
+    with pytest.raises(ValueError, match=r"^image 0, query group 1: cost matrix is infeasible$"):
+        core.solve_call(core.problems_of_cross_cost(cost[:1, :, :2], one), one, "kernel", check=True)
+    assert core.solve_call(core.problems_of_cross_cost(cost[:1, :, :2], one), one, "kernel", check=False)
+
+
+class Matcher:
+    """A stand-in for a trainer's matcher: its cost is the L1 of (B, Q, 4) boxes against each image's objects, times
+    its gain; ``_costs`` counts the layered costs it computed."""
+
+    alpha = 0.25
+
+    def __init__(self, gain=2.0):
+        self.gain = gain
+        self._costs = 0
+
+    def costs(self, where, objects):
+        def per_layer(stacks):
+            self._costs += 1
+            boxes = stacks[0]
+            padded = core.pad_objects(objects, where)
+            layers, bs, nq = boxes.shape[:3]
+            cost = self.gain * (boxes[:, :, :, None] - padded[None, :, None]).abs().sum(-1)
+            return cost.reshape(layers * bs, nq, -1)
+
+        return per_layer
+
+
+def _call(m, boxes, objects, counts, backend="reference"):
+    where = core.layout(counts, boxes.shape[1], 1, "cpu")
+    return core.layered(m, (boxes,), (objects,), where, core.settings_of(m), m.costs(where, objects), backend,
+                        check=True)
+
+
+def _alone(boxes, objects, counts, gain=2.0):
+    """The matches of a call of its own, on a copy of its layer."""
+    where = core.layout(counts, boxes.shape[1], 1, "cpu")
+    cost = Matcher(gain).costs(where, objects)([boxes.clone()[None]])
+    return core.solve_call(cost, where, "reference", check=True)
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(torch.equal(i, k) and torch.equal(j, m) for (i, j), (k, m) in zip(a, b))
+
+
+def test_the_memo_serves_only_the_same_call():
+    """The first call on a stack solves every layer; the other layers are served once each, while the stack, the
+    objects, the layout and the matcher's settings are the same; otherwise the call is matched afresh. Each call's
+    matches are those of a call of its own."""
+    g = torch.Generator().manual_seed(1)
+    stack, objects, counts = torch.rand(3, 2, 6, 4, generator=g), torch.rand(5, 4, generator=g), [2, 3]
+    m = Matcher()
+    for k in (2, 0, 1):  # 2 matches all three layers; 0 and 1 are served
+        assert _same(_call(m, stack[k], objects, counts), _alone(stack[k], objects, counts))
+    assert m._costs == 1
+    _call(m, stack[0], objects, counts)  # a layer taken already: a new pass over the stack, layers 1 and 2 kept
+    assert m._costs == 2
+
+    def afresh(layer, objects_=objects, counts_=counts, change=lambda: None, gain=2.0):
+        """After a call on layer 0 (a new memo) and ``change()``, whether a call on ``layer`` computes the costs
+        again; its matches are those of a call of its own either way."""
+        core._MEMOS.pop(m, None)
+        _call(m, stack[0], objects, counts)
+        change()
+        before = m._costs
+        assert _same(_call(m, layer, objects_, counts_), _alone(layer, objects_, counts_, gain))
+        return m._costs == before + 1
+
+    assert not afresh(stack[1])  # the same call: served
+    assert afresh(stack[1], change=lambda: stack[1].mul_(0.5))  # in place: the version moves on
+    assert afresh(stack[1], objects.flip(0).contiguous())  # other objects
+    assert afresh(stack[1], counts_=[3, 2])  # another layout
+    assert afresh(stack[1, :, 1:])  # another slice of the layer
+    assert afresh(stack[1], change=lambda: setattr(m, "gain", 3.0), gain=3.0)  # another setting
+
+
+def test_inference_tensors_are_matched_alone():
+    """Tensors made under torch.inference_mode track no version, so a call on them cannot be keyed: it is a call of
+    its own (None), never an error."""
+    with torch.inference_mode():
+        stack, objects = torch.rand(3, 2, 6, 4), torch.rand(5, 4)
+    m = Matcher()
+    assert _call(m, stack[1], objects, [2, 3]) is None and m._costs == 0
+    plain = torch.rand(3, 2, 6, 4)
+    assert _call(m, plain[1], objects, [2, 3]) is None and m._costs == 0
+
+
+def test_settings_of_a_matcher():
+    m = Matcher()
+    m.cost_gain = {"class": 2, "bbox": 5}
+    m.variant = ("padded", True)
+    m._private, m.module = 7, torch.nn.Linear(1, 1)
+    assert core.settings_of(m) == (("cost_gain", (("bbox", 5), ("class", 2))), ("gain", 2.0),
+                                   ("variant", ("padded", True)))
+
+
+def test_the_cost_is_taken_only_in_its_own_thread():
+    """Tensor.cpu is hooked only while a cost_at_cpu block runs, and there only for that block's thread: another
+    thread's copies to the host are torch's own, and the hook is gone afterwards. Capturing copies and goes on."""
+    cost = torch.rand(2, 3, 4)
+    seen = {}
+
+    def other_thread():
+        seen["other"] = cost.cpu()  # 3-D, in another thread, while the hook is installed
+
+    with pytest.raises(core.CostTaken) as taken:
+        with core.cost_at_cpu():
+            assert "cpu" in vars(torch.Tensor)
+            worker = threading.Thread(target=other_thread)
+            worker.start()
+            worker.join()
+            cost.cpu()
+    assert taken.value.cost is cost and torch.equal(seen["other"], cost)
+    assert "cpu" not in vars(torch.Tensor) and torch.Tensor.cpu is torch._C.TensorBase.cpu
+    with core.cost_at_cpu(stop=False) as captured:
+        out = cost.cpu()
+        torch.rand(3).cpu()  # not 3-D: not a cost
+    assert torch.equal(out, cost) and len(captured) == 1 and torch.equal(captured[0], cost)
