@@ -300,3 +300,50 @@ def test_rtdetr_model_matches_its_seven_layers_in_one_solve(integ, solves, monke
     assert solves == [3] * 7
     assert torch.equal(together[0], apart[0]), (together, apart)
     assert all(torch.equal(together[1][k], apart[1][k]) for k in apart[1])
+
+
+@pytest.mark.parametrize("device", devices())
+def test_backend_kernel_takes_the_fast_paths_of_auto(integ, device, monkeypatch):
+    """patch(backend="kernel") runs what "auto" runs where the kernel runs: the one-pass cost's check is asked for the
+    kernel under both, and on CUDA both compute the stack's cost in one launch of the op and solve its layers at once,
+    with the peer's matches."""
+    from lucid_assign.integrations import ultralytics_detr as detr
+    from ultralytics.models.utils import loss, ops
+
+    asked = []
+    fused_order = detr._fused_order
+    monkeypatch.setattr(detr, "_fused_order", lambda *a: asked.append(a[-1]) or fused_order(*a))
+    launches = []
+    detr_cost = detr.ops.detr_cost
+    monkeypatch.setattr(detr.ops, "detr_cost", lambda *a, **k: launches.append(a[0].shape[0]) or detr_cost(*a, **k))
+    bboxes, scores, batch = rtdetr_loss_inputs(device)
+    bboxes, scores = bboxes.detach(), scores.detach()
+    args = (batch["bboxes"], batch["cls"], batch["gt_groups"])
+    peer = ops.HungarianMatcher()
+    for backend in ("auto", "kernel"):
+        integ.patch(backend)
+        ours = loss.HungarianMatcher()
+        asked.clear(), launches.clear()
+        for layer in (5, 0, 1):
+            assert same_matches(ours(bboxes[layer], scores[layer], *args), peer(bboxes[layer], scores[layer], *args))
+        assert asked == ["kernel"], (backend, asked)  # the first call costs the stack; the others are served
+        if device == "cuda":
+            assert launches == [6 * 4], (backend, launches)  # six layers of four images, one launch
+        integ.unpatch()
+
+
+def test_inference_mode_tensors_are_matched_alone(integ):
+    """Tensors made under torch.inference_mode track no version counter: the calls on them are matched on their own
+    (the peer's matches), never an error of the layer memo."""
+    from ultralytics.models.utils import loss, ops
+
+    with torch.inference_mode():
+        bboxes, scores, batch = rtdetr_loss_inputs("cpu")
+    args = (batch["bboxes"], batch["cls"], batch["gt_groups"])
+    peer = ops.HungarianMatcher()
+    integ.patch()
+    ours = loss.HungarianMatcher()
+    for layer in (5, 0):
+        assert same_matches(ours(bboxes[layer], scores[layer], *args), peer(bboxes[layer], scores[layer], *args))
+    with torch.inference_mode():
+        assert same_matches(ours(bboxes[1], scores[1], *args), peer(bboxes[1], scores[1], *args))

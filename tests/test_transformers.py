@@ -248,6 +248,23 @@ def test_layer_matches_follow_their_inputs(library):
         assert lt._same(lw(layer(0), targets, group_detr=2), lw_own(lw, layer(0), targets, 2))
 
 
+def test_inference_mode_tensors_are_matched_alone(library):
+    """Outputs and targets made under torch.inference_mode track no version counter: the layers' calls on them are
+    matched on their own, the matcher's own matches, never an error of the layer memo."""
+    cls = lt._classes()["RTDetrHungarianMatcher"]
+    matcher = cls(tf.RTDetrConfig(num_labels=4))
+    own = vars(cls)["forward"]
+    g = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        logits, boxes = torch.randn(2, 3, 10, 4, generator=g), 0.2 + 0.6 * torch.rand(2, 3, 10, 4, generator=g)
+        targets = _labels([3, 2], seed=1)
+    with lt.patched("kernel"):
+        matcher({"logits": logits[:, 2], "pred_boxes": boxes[:, 2]}, targets)  # the class's first call, checked
+        for k in (2, 0, 1):
+            layer = {"logits": logits[:, k], "pred_boxes": boxes[:, k]}
+            assert lt._same(matcher(layer, targets), own(matcher, layer, targets))
+
+
 def _scipy_groups(cost, sizes, groups):
     """What LW-DETR's and RF-DETR's matchers do with their cost on the host: SciPy per image and query group."""
     per_group = cost.shape[1] // groups

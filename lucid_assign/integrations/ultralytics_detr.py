@@ -168,17 +168,17 @@ class LucidHungarianMatcher(torch.nn.Module):
         check = not variant.sanitize  # without sanitising, the peer's SciPy refuses NaN and infinite costs: so do we
         with torch.no_grad():
             where = layout(groups, pred_scores.shape[1], 1, pred_scores.device)
-            order = _fused_order(self, variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend)
 
             def costs(stacks):  # each layer's (B, Q, most objects) cost of the (L, B, Q, .) stacks
+                order = _fused_order(self, variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend)
                 return self.layers_cost(*stacks, gt_bboxes, gt_cls, where, order)
 
             found = core.layered(self, (pred_bboxes, pred_scores), (gt_bboxes, gt_cls), where, core.settings_of(self),
                                  costs, backend, check, batch_objects=True)
             if found is not None:
                 return found
-            cost = self.layers_cost(pred_bboxes[None], pred_scores[None], gt_bboxes, gt_cls, where, order)
-            return core.solve_call(cost, where, backend, check, batch_objects=True)
+            return core.solve_call(costs([pred_bboxes[None], pred_scores[None]]), where, backend, check,
+                                   batch_objects=True)
 
     def layers_cost(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, where: Layout, order: int | None):
         """The peer's cost of each layer of (L, B, Q, .) predictions, as (L * B, Q, most objects): in one pass
