@@ -274,11 +274,13 @@ def run(task: Task, box, extra, settings: dict, task_settings: dict, backend: st
     if torch.compiler.is_compiling():
         _check_all(task, box, extra, settings, task_settings, read_values=False)
         chosen = traced_choose(backend, support_key(task, box, extra))
+    elif resolve_backend(backend) == "reference":
+        _check_all(task, box, extra, settings, task_settings, read_values=True)
+        chosen = "reference"
     else:
-        if resolve_backend(backend) != "reference":
-            checks.require_tensors(INPUTS + task.extra_names, (*box, *extra))
+        checks.require_tensors(INPUTS + task.extra_names, (*box, *extra))
         key = support_key(task, box, extra)
-        if resolve_backend(backend) == "reference" or reason(key) is not None:
+        if reason(key) is not None:
             _check_all(task, box, extra, settings, task_settings, read_values=True)
         chosen = choose(backend, key, on_unsupported)
     stride = list(settings["stride"])
