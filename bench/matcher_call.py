@@ -78,8 +78,7 @@ def parts(matcher, args, device) -> dict:
     t = timed(lambda: out.setdefault("where", detr.layout(groups, scores.shape[1], 1, scores.device)), device)[1]
     where = out["where"]
     order = detr._fused_order(matcher, matcher.variant, boxes, scores, gt, cls, groups, "kernel")
-    c = timed(lambda: out.setdefault("cost", matcher.layers_cost(boxes[None], scores[None], gt, cls, where, order)),
-              device)[1]
+    c = timed(lambda: out.setdefault("cost", matcher.cost(boxes, scores, gt, cls, where, order)), device)[1]
     cost = out["cost"]
     s = timed(lambda: out.setdefault("solved", ops.linear_sum_assignment(cost, where.sizes)), device)[1]
     rows, cols, _ = out["solved"]

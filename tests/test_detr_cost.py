@@ -129,7 +129,7 @@ def test_cuda_patched_matcher_computes_the_cost_in_one_pass(detr, peer_tal):
         pred, logits, gt, cls, groups = batch("cuda", 0, dtype=torch.bfloat16)
         where = detr.layout(groups, pred.shape[1], 1, pred.device)
         order = detr._fused_order(m, m.variant, pred, logits, gt, cls, groups, "kernel")
-        assert torch.equal(m.layers_cost(pred[None], logits[None], gt, cls, where, order),
+        assert torch.equal(m.cost(pred, logits, gt, cls, where, order),
                            detr.matching_cost(m, m.variant, detr._peer_bbox_iou(), pred, logits, gt, cls,
                                               groups, where))
         assert any(k[0].startswith("cuda") for k in detr._FUSED)

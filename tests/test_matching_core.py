@@ -129,7 +129,7 @@ class Matcher:
 
 def _call(m, boxes, objects, counts, backend="reference"):
     where = core.layout(counts, boxes.shape[1], 1, "cpu")
-    return core.layered(m, (boxes,), (objects,), where, core.settings_of(m), m.costs(where, objects), backend,
+    return core.layered(m, (boxes,), (objects,), where, m.costs(where, objects), backend,
                         check=True)
 
 
@@ -191,7 +191,7 @@ def test_settings_of_a_matcher():
     m.cost_gain = {"class": 2, "bbox": 5}
     m.variant = ("padded", True)
     m._private, m.module = 7, torch.nn.Linear(1, 1)
-    assert core.settings_of(m) == (("cost_gain", (("bbox", 5), ("class", 2))), ("gain", 2.0),
+    assert core.settings_of(m) == (("gain", 2.0), ("cost_gain", (("class", 2), ("bbox", 5))),
                                    ("variant", ("padded", True)))
 
 

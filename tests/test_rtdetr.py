@@ -313,9 +313,10 @@ def test_backend_kernel_takes_the_fast_paths_of_auto(integ, device, monkeypatch)
     asked = []
     fused_order = detr._fused_order
     monkeypatch.setattr(detr, "_fused_order", lambda *a: asked.append(a[-1]) or fused_order(*a))
-    launches = []
+    launches = []  # (images, queries) of each launch of the one-pass cost
     detr_cost = detr.ops.detr_cost
-    monkeypatch.setattr(detr.ops, "detr_cost", lambda *a, **k: launches.append(a[0].shape[0]) or detr_cost(*a, **k))
+    monkeypatch.setattr(detr.ops, "detr_cost", lambda *a, **k: launches.append(tuple(a[0].shape[:2]))
+                        or detr_cost(*a, **k))
     bboxes, scores, batch = rtdetr_loss_inputs(device)
     bboxes, scores = bboxes.detach(), scores.detach()
     args = (batch["bboxes"], batch["cls"], batch["gt_groups"])
@@ -327,8 +328,8 @@ def test_backend_kernel_takes_the_fast_paths_of_auto(integ, device, monkeypatch)
         for layer in (5, 0, 1):
             assert same_matches(ours(bboxes[layer], scores[layer], *args), peer(bboxes[layer], scores[layer], *args))
         assert asked == ["kernel"], (backend, asked)  # the first call costs the stack; the others are served
-        if device == "cuda":
-            assert launches == [6 * 4], (backend, launches)  # six layers of four images, one launch
+        if device == "cuda":  # six layers of four images in one launch (besides the device check's, at the first)
+            assert [n for n in launches if n[1] == 300] == [(6 * 4, 300)], (backend, launches)
         integ.unpatch()
 
 

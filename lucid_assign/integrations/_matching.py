@@ -109,9 +109,10 @@ def problems_of_cross_cost(cost: torch.Tensor, where: Layout) -> torch.Tensor:
 
 
 def solve(problems: torch.Tensor, where: Layout, backend: str, layers: int = 1):
-    """The op's (rows, cols, info) of ``layers`` layers' problems (each as ``where`` lays them out), in one call."""
+    """The op's (rows, cols, info) of ``layers`` layers' problems (each as ``where`` lays them out), in one call;
+    ``backend`` as runs_here() chose it ("kernel" or "reference")."""
     sizes = where.sizes if layers == 1 else where.sizes.repeat(layers)
-    return matching.solve(problems, sizes, backend)
+    return matching.run(backend, problems, sizes)
 
 
 def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int = 1, batch_objects: bool = False):
@@ -255,6 +256,9 @@ def layer_of(t) -> Layer | None:
     if stack.dtype != t.dtype or not stack.is_contiguous() or t.numel() == 0:
         return None
     offset = t.storage_offset() - stack.storage_offset()
+    if (stack.shape[1:] == t.shape and 1 < stack.shape[0] <= MAX_LAYERS and stack.stride()[1:] == t.stride()
+            and offset % stack.stride(0) == 0):
+        return Layer(stack, stack.stride(0), offset // stack.stride(0), stack.shape[0], 0)  # stack[l]: the common case
     if stack.dim() == t.dim() + 1 and min(stack.stride()) > 0:
         index = [(offset // stride) % size for size, stride in zip(stack.shape, stack.stride())]
         if sum(i * stride for i, stride in zip(index, stack.stride())) == offset:
@@ -277,25 +281,35 @@ def stacked(t: torch.Tensor, found: Layer) -> torch.Tensor:
                                   t.storage_offset() - found.layer * found.step)
 
 
+_UNKEYED = object()  # a value settings_of leaves out
+_SCALARS = frozenset((bool, int, float, str, type(None)))
+
+
 def settings_of(m) -> tuple:
-    """A matcher's settings: every public attribute whose value is a number, a string, None, or a tuple, list or dict
-    of such values."""
-    def plain(v):
-        if isinstance(v, (bool, int, float, str, type(None))):
-            return v
-        if isinstance(v, (tuple, list)):
-            items = [plain(x) for x in v]
-            return None if any(x is _UNKEYED for x in items) else tuple(items)
-        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
-            items = [(k, plain(x)) for k, x in sorted(v.items())]
-            return None if any(x is _UNKEYED for _, x in items) else tuple(items)
-        return _UNKEYED
-
-    found = ((k, plain(v)) for k, v in sorted(vars(m).items()) if not k.startswith("_"))
-    return tuple((k, v) for k, v in found if v is not _UNKEYED)
+    """A matcher's settings: its public attributes whose values are numbers, strings or None, or tuples, lists or
+    dicts of such values (in the matcher's own order)."""
+    found = []
+    for k, v in vars(m).items():
+        if k[0] == "_":
+            continue
+        if type(v) not in _SCALARS:
+            v = _plain(v)
+            if v is _UNKEYED:
+                continue
+        found.append((k, v))
+    return tuple(found)
 
 
-_UNKEYED = object()
+def _plain(v):
+    if isinstance(v, (bool, int, float, str, type(None))):
+        return v
+    if isinstance(v, (tuple, list)):
+        items = tuple(_plain(x) for x in v)
+        return _UNKEYED if _UNKEYED in items else items
+    if isinstance(v, dict):
+        items = tuple((k, _plain(x)) for k, x in v.items())
+        return _UNKEYED if any(x is _UNKEYED or not isinstance(k, str) for k, x in items) else items
+    return _UNKEYED
 
 
 class Memo:
@@ -332,18 +346,19 @@ def _keyed(found: list, inputs: Sequence[torch.Tensor], objects: Sequence[torch.
     return tensors, (geometry, versions, where.counts, where.queries, where.groups, settings)
 
 
-def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, settings: tuple,
-            costs: Callable, backend: str, check: bool, batch_objects: bool = False):
+def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, costs: Callable,
+            backend: str, check: bool, batch_objects: bool = False):
     """This call's matches when each of ``inputs`` is one layer of a stack of a decoder's layers, the same layer of
     stacks of the same layers; else None (a call of its own). At the stack's first call (for matcher ``m``), every
     layer's problems, ``costs(stacked inputs)`` -> (layers * problems, queries per group, width) or None (no layered
     cost: a call of its own), are solved in one call of the op; the later calls of the same call (Memo) take their
-    layer's matches. ``objects``: the tensors the cost reads besides the inputs; ``settings``: the rest it depends on.
-    ``check``: SciPy's error at the call of a layer whose problem it refuses (one synchronisation)."""
+    layer's matches. ``objects``: the tensors the cost reads besides the inputs (the rest it depends on: the matcher's
+    settings, settings_of). ``check``: SciPy's error at the call of a layer whose problem it refuses (one
+    synchronisation)."""
     found = [layer_of(t) for t in inputs]
     if any(f is None for f in found) or len({(f.layer, f.layers) for f in found}) != 1:
         return None
-    keyed = _keyed(found, inputs, objects, where, settings + (("backend", backend),))
+    keyed = _keyed(found, inputs, objects, where, settings_of(m) + (("backend", backend),))
     if keyed is None:
         return None
     tensors, key = keyed

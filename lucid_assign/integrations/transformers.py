@@ -174,7 +174,7 @@ def _from_layers(m, own, outputs, targets: list, where: core.Layout, backend: st
                 return None
         return None if problems[0] is None else torch.cat(problems)
 
-    return core.layered(m, (logits, boxes), objects, where, core.settings_of(m), costs, backend, check)
+    return core.layered(m, (logits, boxes), objects, where, costs, backend, check)
 
 
 def _cuda_devices(outputs) -> list:

@@ -169,33 +169,37 @@ class LucidHungarianMatcher(torch.nn.Module):
         with torch.no_grad():
             where = layout(groups, pred_scores.shape[1], 1, pred_scores.device)
 
-            def costs(stacks):  # each layer's (B, Q, most objects) cost of the (L, B, Q, .) stacks
+            def costs(stacks):  # each layer's (B, Q, most objects) cost of (L, B, Q, .) stacks, or one call's
                 order = _fused_order(self, variant, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups, backend)
-                return self.layers_cost(*stacks, gt_bboxes, gt_cls, where, order)
+                return self.cost(*stacks, gt_bboxes, gt_cls, where, order)
 
-            found = core.layered(self, (pred_bboxes, pred_scores), (gt_bboxes, gt_cls), where, core.settings_of(self),
-                                 costs, backend, check, batch_objects=True)
+            found = core.layered(self, (pred_bboxes, pred_scores), (gt_bboxes, gt_cls), where, costs, backend, check,
+                                 batch_objects=True)
             if found is not None:
                 return found
-            return core.solve_call(costs([pred_bboxes[None], pred_scores[None]]), where, backend, check,
-                                   batch_objects=True)
+            return core.solve_call(costs([pred_bboxes, pred_scores]), where, backend, check, batch_objects=True)
 
-    def layers_cost(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, where: Layout, order: int | None):
-        """The peer's cost of each layer of (L, B, Q, .) predictions, as (L * B, Q, most objects): in one pass
-        (ops.detr_cost, with the L1 in ``order``) where the check on the device allowed it (_fused_order), else with
-        the peer's operations on each layer (matching_cost)."""
-        layers, bs, nq = pred_scores.shape[:3]
+    def cost(self, pred_bboxes, pred_scores, gt_bboxes, gt_cls, where: Layout, order: int | None):
+        """The peer's cost of one call's (B, Q, .) predictions, (B, Q, most objects), or of each layer of (L, B, Q, .)
+        stacks, (L * B, Q, most objects): in one pass (ops.detr_cost, with the L1 in ``order``) where the check on the
+        device allowed it (_fused_order), else with the peer's operations on each layer (matching_cost)."""
+        stacked = pred_scores.dim() == 4
         if order is None:
-            bbox_iou = _peer_bbox_iou()
-            return torch.cat([matching_cost(self, self.variant, bbox_iou, pred_bboxes[k], pred_scores[k], gt_bboxes,
-                                            gt_cls, list(where.counts), where) for k in range(layers)])
+            bbox_iou, groups = _peer_bbox_iou(), list(where.counts)
+            if not stacked:
+                return matching_cost(self, self.variant, bbox_iou, pred_bboxes, pred_scores, gt_bboxes, gt_cls, groups,
+                                     where)
+            return torch.cat([matching_cost(self, self.variant, bbox_iou, b, s, gt_bboxes, gt_cls, groups, where)
+                              for b, s in zip(pred_bboxes, pred_scores)])
+        sizes = where.sizes
+        if stacked:  # the L * B images, the objects repeated for each layer (the op takes image b's after b - 1's)
+            layers, bs, nq = pred_scores.shape[:3]
+            pred_bboxes = pred_bboxes.reshape(layers * bs, nq, pred_bboxes.shape[-1])
+            pred_scores = pred_scores.reshape(layers * bs, nq, pred_scores.shape[-1])
+            gt_bboxes, gt_cls, sizes = gt_bboxes.repeat(layers, 1), gt_cls.repeat(layers), sizes.repeat(layers)
         gain = self.cost_gain
-        # the L * B images, the objects repeated for each layer (the op takes image b's objects after those of images
-        # 0 to b - 1)
-        return ops.detr_cost(pred_bboxes.detach().reshape(layers * bs, nq, pred_bboxes.shape[-1]),
-                             pred_scores.detach().reshape(layers * bs, nq, pred_scores.shape[-1]),
-                             gt_bboxes.repeat(layers, 1), gt_cls.repeat(layers), where.sizes.repeat(layers),
-                             where.width, (gain["class"], gain["bbox"], gain["giou"]), self.alpha, self.gamma,
+        return ops.detr_cost(pred_bboxes.detach(), pred_scores.detach(), gt_bboxes, gt_cls, sizes, where.width,
+                             (gain["class"], gain["bbox"], gain["giou"]), self.alpha, self.gamma,
                              sanitize=self.variant.sanitize, l1_order=order)
 
 
@@ -255,8 +259,9 @@ def _check_fused(m, variant: Variant, device) -> int | None:
     gain = m.cost_gain
     want = matching_cost(m, variant, _peer_bbox_iou(), pred, logits, gt, cls, groups, where)
     for order in (1, 0):
-        got = ops.detr_cost(pred, logits, gt, cls, where.sizes, where.width, (gain["class"], gain["bbox"], gain["giou"]),
-                            m.alpha, m.gamma, sanitize=variant.sanitize, l1_order=order)
+        got = ops.detr_cost(pred, logits, gt, cls, where.sizes, where.width,
+                            (gain["class"], gain["bbox"], gain["giou"]), m.alpha, m.gamma, sanitize=variant.sanitize,
+                            l1_order=order)
         if _same_costs(got, want, groups, "padded"):
             return order
     return None
