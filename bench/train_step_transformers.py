@@ -2,10 +2,12 @@
 lucid_assign.integrations.transformers.patch(), in one run.
 
     python bench/train_step_transformers.py                       # GPU: RT-DETR, batch 16 at 640 px, bf16 autocast
-    python bench/train_step_transformers.py --family deformable-detr
+    python bench/train_step_transformers.py --family deformable-detr   # also detr; lw-detr with --batch 4
     python bench/train_step_transformers.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 2 --warmup 1
 
-The model comes from its default config (RTDetrForObjectDetection; DeformableDetrForObjectDetection with a ResNet-50
+The model comes from its default config (RTDetrForObjectDetection; LwDetrForObjectDetection with one projector level,
+which needs 640 px or more, and whose own loss outgrows 80 GB at batch 16; DetrForObjectDetection with its auxiliary
+losses and DeformableDetrForObjectDetection, two-stage with box refinement and auxiliary losses, each with a ResNet-50
 backbone config in place of timm), 80 classes, no weights. Each step is a forward pass with labels under bf16
 autocast (the loss matches queries to objects once per decoder layer, and once for the encoder's proposals where
 the model has them), backward and an SGD step, on DOTA-like axis-aligned objects (lucid_assign.synthetic). Both
@@ -31,7 +33,8 @@ from _runs import sync  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
 from lucid_assign.synthetic import dota_like_batch  # noqa: E402
 
-FAMILIES = {"rt-detr": "RTDetrHungarianMatcher", "deformable-detr": "DeformableDetrHungarianMatcher"}
+FAMILIES = {"rt-detr": "RTDetrHungarianMatcher", "deformable-detr": "DeformableDetrHungarianMatcher",
+            "detr": "HungarianMatcher", "lw-detr": "LwDetrHungarianMatcher"}
 
 
 def build(family: str, device):
@@ -40,9 +43,16 @@ def build(family: str, device):
     torch.manual_seed(0)
     if family == "rt-detr":
         model = tf.RTDetrForObjectDetection(tf.RTDetrConfig(num_labels=80))
+    elif family == "lw-detr":
+        model = tf.LwDetrForObjectDetection(tf.LwDetrConfig(num_labels=80, projector_scale_factors=[1.0]))
+    elif family == "detr":
+        config = tf.DetrConfig(num_labels=80, use_timm_backbone=False, use_pretrained_backbone=False,
+                               backbone_config=tf.ResNetConfig(out_features=["stage4"]), auxiliary_loss=True)
+        model = tf.DetrForObjectDetection(config)
     else:
         config = tf.DeformableDetrConfig(num_labels=80, use_timm_backbone=False, use_pretrained_backbone=False,
-                                         backbone_config=tf.ResNetConfig(out_features=["stage2", "stage3", "stage4"]))
+                                         backbone_config=tf.ResNetConfig(out_features=["stage2", "stage3", "stage4"]),
+                                         two_stage=True, with_box_refine=True, auxiliary_loss=True)
         model = tf.DeformableDetrForObjectDetection(config)
     model.to(device).train()
     return model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)

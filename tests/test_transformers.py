@@ -19,7 +19,8 @@ from lucid_assign.integrations import _matching as core, transformers as lt  # n
 
 @pytest.fixture(autouse=True)
 def restored():
-    lt._verified.clear()  # each test sees the classes' first call (the check is once per process)
+    lt._verified.clear()  # each test sees the classes' first call (the checks are once per process)
+    lt._blocks_ok.clear()
     yield
     lt.unpatch()
 
@@ -125,13 +126,27 @@ def _loss(model, inputs, labels):
     return out.loss.detach(), {k: v.detach() for k, v in out.loss_dict.items()}, grads
 
 
+CASES = {  # the objects per image (12 queries; an image without objects, duplicated objects in the others) and autocast
+    "float32": ([3, 0, 6], None),
+    "more objects than queries": ([3, 0, 14], None),
+    "bf16 autocast": ([3, 0, 6], torch.bfloat16),
+    "fp16 autocast": ([3, 0, 6], torch.float16),
+}
+BLOCKS = {name for name, spec in lt.MATCHERS.items() if spec.block}  # whose cost is computed per image block
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_each_family_gives_the_same_loss_patched(library, family, device, monkeypatch):
+def test_each_family_gives_the_same_loss_patched(library, family, case, device, monkeypatch):
     """The CPU: the loss, its parts and the gradients, bit for bit. CUDA: every call's matches against the matcher's
     own on that call's inputs (the losses themselves are not reproducible there: DETR's class loss differs between two
-    unpatched runs by a unit in the last place, and the deformable attention's backward adds with atomics)."""
+    unpatched runs by a unit in the last place, and the deformable attention's backward adds with atomics). The
+    matchers whose cost is computed per image block here do so, their blocks checked against their own cost."""
     spec = FAMILIES[family]
+    counts, region = CASES[case]
+    if region == torch.float16 and device == "cpu":
+        pytest.skip("float16 autocast is CUDA's")
     torch.manual_seed(0)
     model = spec.make().to(device)
     model.train()
@@ -139,25 +154,75 @@ def test_each_family_gives_the_same_loss_patched(library, family, device, monkey
     inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=g).to(device)}
     if spec.text:  # [CLS] a . b . c . [SEP]: three phrases, the class labels 0-2
         inputs["input_ids"] = torch.tensor([[101, 5, 1012, 7, 1012, 9, 1012, 102]] * 3, device=device)
-    labels = [{k: v.to(device) for k, v in t.items()}
-              for t in _labels([3, 0, 6], masks=spec.size if spec.masks else 0)]
+    labels = [{k: v.to(device) for k, v in t.items()} for t in _labels(counts, masks=spec.size if spec.masks else 0)]
     if spec.text:
         labels = [dict(t, class_labels=t["class_labels"] % 3) for t in labels]
-    plain = _loss(model, inputs, labels)
+    autocast = (lambda: torch.autocast(device, dtype=region)) if region else contextlib.nullcontext
+    with autocast():
+        plain = _loss(model, inputs, labels)
     with lt.patched("kernel"):
         assert f"{spec.matcher}: patched" in lt.patch_report()
         cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
-        with _each_call_compared(cls) as calls:
+        with _each_call_compared(cls) as calls, autocast():
             ours = _loss(model, inputs, labels)
             again = _loss(model, inputs, labels)  # after the first call's check: the layers matched at once
         assert calls and all(calls)  # every call's matches were the matcher's own on that call's inputs
         assert lt._verified.get(cls) is True  # its first call matched as the matcher's own
+        blocks = [ok for kind, ok in lt._blocks_ok.items() if kind[0] is cls]  # one a kind (dtypes, autocast)
+        assert (blocks and all(blocks)) if spec.matcher in BLOCKS else not blocks, blocks  # its blocks are its cost
     if device == "cuda":
         return
     for run in (ours, again):
         assert torch.equal(plain[0], run[0]), (plain[0], run[0])
         assert plain[1].keys() == run[1].keys() and all(torch.equal(plain[1][k], run[1][k]) for k in plain[1])
         assert plain[2].keys() == run[2].keys() and all(torch.equal(plain[2][k], run[2][k]) for k in plain[2])
+
+
+class _Largest(torch.utils._python_dispatch.TorchDispatchMode):
+    """The most elements of any tensor an operation makes while it is on."""
+
+    def __init__(self):
+        super().__init__()
+        self.most = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.most = max(self.most, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("family", [f for f, spec in FAMILIES.items() if spec.matcher in BLOCKS])
+def test_no_patched_call_builds_the_batchs_cross_product(library, family, device):
+    """A matcher whose cost is computed per image block never makes a tensor as large as the batch's cross product
+    (every query of the batch against every object of the batch), as its own forward does: six images of six objects,
+    each block a sixth of the cross product, the layers of a stack together well under one cross product."""
+    spec = FAMILIES[family]
+    torch.manual_seed(0)
+    model = spec.make().to(device)
+    model.train()
+    g = torch.Generator().manual_seed(2)
+    inputs = {"pixel_values": torch.rand(6, 3, spec.size, spec.size, generator=g).to(device)}
+    labels = [{k: v.to(device) for k, v in t.items()} for t in _labels([6] * 6, duplicate=False)]
+    with lt.patched("kernel"):
+        cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
+        _loss(model, inputs, labels)  # the class's first call (and kind), checked against its own forward
+        forward, sizes = cls.forward, []
+
+        def measured(self, outputs, targets, *args, **kwargs):
+            with _Largest() as largest:
+                out = forward(self, outputs, targets, *args, **kwargs)
+            sizes.append((largest.most, outputs["logits"].shape[:2].numel() * sum(len(t["boxes"]) for t in targets)))
+            return out
+
+        cls.forward = measured
+        try:
+            _loss(model, inputs, labels)
+        finally:
+            cls.forward = forward
+    assert sizes and all(most < cross for most, cross in sizes), sizes
 
 
 @contextlib.contextmanager

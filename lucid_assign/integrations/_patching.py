@@ -4,6 +4,7 @@ imports it, it imports none of them."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -64,6 +65,21 @@ class PatchState:
         if not self.announced:
             self.announced = True
             self._logger().info(f"lucid-assign {version}: {self.patched_words}; the first call: {first_call}")
+
+
+@contextlib.contextmanager
+def patched(state: PatchState, patch: Callable, unpatch: Callable, backend: str):
+    """An integration's ``with patched(backend):``: ``patch(backend)`` for the block, then the state before it again:
+    unpatched, or patched with the backend it had."""
+    was, before = state.is_patched(), state.backend
+    patch(backend)
+    try:
+        yield
+    finally:
+        if was:
+            patch(before)
+        else:
+            unpatch()
 
 
 def _ultralytics_logger():

@@ -29,6 +29,7 @@ import torch
 
 from .. import __version__, dispatch
 from . import _matching as core
+from . import _patching
 from ._patching import TRANSFORMERS as STATE
 
 
@@ -38,14 +39,16 @@ class Matcher(NamedTuple):
     grouped: bool  # forward(outputs, targets, group_detr): the queries in group_detr groups, each matched alone
     layered: bool  # its cost reads only outputs["logits"] and outputs["pred_boxes"], and draws no random numbers:
     # the layers of a decoder's stacked outputs can be matched at once (_from_layers)
+    block: str | None = None  # its cost computed per image block here (_family): how its class term is made
 
 
 # transformers 5.x, transformers/loss/ (docs/usage.md, "transformers")
 MATCHERS = {
-    "HungarianMatcher": Matcher("transformers.loss.loss_for_object_detection", "boxes", False, True),
-    "DeformableDetrHungarianMatcher": Matcher("transformers.loss.loss_deformable_detr", "boxes", False, True),
-    "RTDetrHungarianMatcher": Matcher("transformers.loss.loss_rt_detr", "boxes", False, True),
-    "LwDetrHungarianMatcher": Matcher("transformers.loss.loss_lw_detr", "boxes", True, True),
+    "HungarianMatcher": Matcher("transformers.loss.loss_for_object_detection", "boxes", False, True, "softmax"),
+    "DeformableDetrHungarianMatcher": Matcher("transformers.loss.loss_deformable_detr", "boxes", False, True,
+                                              "focal"),
+    "RTDetrHungarianMatcher": Matcher("transformers.loss.loss_rt_detr", "boxes", False, True, "rt-detr"),
+    "LwDetrHungarianMatcher": Matcher("transformers.loss.loss_lw_detr", "boxes", True, True, "lw-detr"),
     "RfDetrHungarianMatcher": Matcher("transformers.loss.loss_rf_detr", "masks", True, False),
     "GroundingDinoHungarianMatcher": Matcher("transformers.loss.loss_grounding_dino", "boxes", False, False),
 }
@@ -91,8 +94,166 @@ def _sanitizes(own) -> bool:
         return False
 
 
+# --- each image's cost block, as the family computes it -------------------------------------------------------------
+# The matchers compute the cost of every query of the batch against every object of the batch (B x Q by the batch's
+# N objects: a cdist and elementwise terms) and use only each image's block. Here each image's block alone, for every
+# decoder layer of a loss call at once: (L, B, Q, the most objects of an image), with the family's operations in its
+# order and dtypes. The class term comes from probabilities computed on the family's own (B * Q, C) tensor of each
+# layer, the L1 from the same cdist on the blocks (it computes each pair alone), the rest elementwise. An elementwise
+# CUDA kernel computes every element with one function, so each entry is the cross product's; on the CPU, ATen's
+# sigmoid and pow (but for the exponents below) round an element by where it falls in the tensor, so the sigmoid is
+# taken on the family's own shape and RT-DETR's focal pow only for those exponents. Each kind of call (class, device,
+# dtypes, autocast, settings) is checked once against the family's own cost, entry by entry (_verify_blocks); a kind
+# that differs keeps the cost its matcher computes.
+_EXACT_CPU_POW = (0.0, 1.0, 2.0, 3.0, 0.5, -0.5, -1.0, -2.0)  # ATen's CPU pow: the same rounding at every place
+_blocks_ok: dict = {}  # kind of call -> True (its cost per block is the family's) / False (it differs)
+
+
+class _Family(NamedTuple):
+    """How a family's cost is made: its class term ("softmax": minus the softmax probability; "focal": the focal
+    terms of every class, then the objects' taken; "focal-gathered": the objects' probabilities taken, then the focal
+    terms), the focal alpha and gamma, and whether its L1 is taken in float32 (LW-DETR)."""
+
+    class_term: str
+    alpha: float = 0.25
+    gamma: float = 2.0
+    l1_float32: bool = False
+
+
+def _family(spec: Matcher, m, device: str) -> _Family | None:
+    """The family of matcher ``m`` (of ``spec``), or None where its cost is not computed per block here."""
+    if spec.block in ("softmax", "focal"):
+        return _Family(spec.block)
+    if spec.block == "lw-detr":
+        return _Family("focal", l1_float32=True)
+    if spec.block == "rt-detr":
+        if not getattr(m, "use_focal_loss", False):
+            return _Family("softmax")
+        alpha, gamma = float(m.alpha), float(m.gamma)
+        if device == "cpu" and gamma not in _EXACT_CPU_POW:
+            return None
+        return _Family("focal-gathered", alpha, gamma)
+    return None
+
+
+def _corners(b: torch.Tensor) -> torch.Tensor:
+    """transformers' center_to_corners_format."""
+    cx, cy, w, h = b.unbind(-1)
+    return torch.stack([(cx - 0.5 * w), (cy - 0.5 * h), (cx + 0.5 * w), (cy + 0.5 * h)], dim=-1)
+
+
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def _minus_giou(c1: torch.Tensor, c2: torch.Tensor) -> torch.Tensor:
+    """Minus transformers' generalized_box_iou of corners c1 (L, B, Q, 4) against c2 (B, W, 4), per image block
+    (L, B, Q, W): its operations on each pair, the x and y components apart (they are elementwise apart there too)."""
+    a1, a2 = _upcast(c1), _upcast(c2)
+    area1 = ((a1[..., 2] - a1[..., 0]) * (a1[..., 3] - a1[..., 1]))[..., None]
+    area2 = ((a2[..., 2] - a2[..., 0]) * (a2[..., 3] - a2[..., 1]))[:, None, :]
+    p, o = c1[..., None, :], c2[:, None, :, :]  # (L, B, Q, 1, 4), (B, 1, W, 4)
+    inter = ((torch.min(p[..., 2], o[..., 2]) - torch.max(p[..., 0], o[..., 0])).clamp(min=0)
+             * (torch.min(p[..., 3], o[..., 3]) - torch.max(p[..., 1], o[..., 1])).clamp(min=0))
+    union = area1 + area2 - inter
+    iou = inter / union
+    area = ((torch.max(p[..., 2], o[..., 2]) - torch.min(p[..., 0], o[..., 0])).clamp(min=0)
+            * (torch.max(p[..., 3], o[..., 3]) - torch.min(p[..., 1], o[..., 1])).clamp(min=0))
+    return -(iou - (area - union) / area)
+
+
+def _focal(p: torch.Tensor, alpha: float, gamma: float) -> tuple:
+    """The focal cost's (positive, negative) terms of probabilities p, the families' operations."""
+    neg = (1 - alpha) * (p**gamma) * (-(1 - p + 1e-8).log())
+    pos = alpha * ((1 - p) ** gamma) * (-(p + 1e-8).log())
+    return pos, neg
+
+
+def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool):
+    """The family's cost per image block of (L, B, Q, .) logits and boxes against each image's objects, padded to W
+    (labels (B, W), objects (B, W, 4) cx cy w h): (the cost (L, B, Q, W), whether every layer's boxes and the objects
+    are valid corners, on the device: the family raises where they are not)."""
+    layers, bs, nq, nc = logits.shape
+    index = labels[:, None, :].expand(bs, nq, labels.shape[1])
+    terms = []
+    for k in range(layers):  # the probabilities on each layer's own (B * Q, C) tensor, as the family's
+        flat = logits[k].flatten(0, 1)
+        if fam.class_term == "softmax":
+            terms.append(-flat.softmax(-1).view(bs, nq, nc).gather(2, index))
+        elif fam.class_term == "focal":
+            pos, neg = _focal(flat.sigmoid(), fam.alpha, fam.gamma)
+            terms.append(pos.view(bs, nq, nc).gather(2, index) - neg.view(bs, nq, nc).gather(2, index))
+        else:
+            pos, neg = _focal(torch.sigmoid(flat).view(bs, nq, nc).gather(2, index), fam.alpha, fam.gamma)
+            terms.append(pos - neg)
+    class_cost = torch.stack(terms)
+    if fam.l1_float32:
+        dtype = boxes.dtype
+        boxes, objects = boxes.to(torch.float32), objects.to(torch.float32)
+        bbox_cost = torch.cdist(boxes, objects, p=1).to(dtype)
+    else:
+        bbox_cost = torch.cdist(boxes, objects, p=1)
+    c1, c2 = _corners(boxes), _corners(objects)
+    valid = torch.cat([(c1[..., 2:] >= c1[..., :2]).flatten(1).all(1), (c2[..., 2:] >= c2[..., :2]).all()[None]])
+    cost = m.bbox_cost * bbox_cost + m.class_cost * class_cost + m.giou_cost * _minus_giou(c1, c2)
+    if sanitize:
+        top = torch.finfo(cost.dtype).max
+        cost = torch.nan_to_num(cost, nan=top, posinf=top, neginf=top)
+    return cost, valid
+
+
+def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.Layout, sanitize: bool):
+    """The op's problems (L * B * groups, queries per group, W) of (L, B, Q, .) stacks of logits and boxes, or None
+    where a layer's boxes or the objects are not valid corners (one synchronisation: the family's own check; each call
+    then runs on its own, and the family raises at that layer's)."""
+    labels = core.pad_objects(torch.cat([t["class_labels"] for t in targets]), where)
+    objects = core.pad_objects(torch.cat([t["boxes"] for t in targets]), where)
+    cost, valid = _block_cost(m, fam, *stacks, labels, objects, sanitize)
+    if not bool(valid.all()):
+        return None
+    layers, bs, nq, width = cost.shape
+    per_group = nq // where.groups
+    return cost[:, :, : per_group * where.groups].reshape(layers * bs * where.groups, per_group, width)
+
+
+def _kind(m, outputs: dict, targets: list) -> tuple:
+    """What a per-block cost's equality to the family's may depend on besides the values: the class, the device,
+    the dtypes, the autocast region and the matcher's settings."""
+    logits, boxes = outputs["logits"], outputs["pred_boxes"]
+    device = logits.device.type
+    region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
+    dtypes = tuple(sorted({(k, v.dtype) for t in targets for k, v in t.items() if isinstance(v, torch.Tensor)},
+                          key=str))
+    return type(m), device, logits.dtype, boxes.dtype, dtypes, region, core.settings_of(m)
+
+
+def _same_problems(ours: torch.Tensor, theirs: torch.Tensor, where: core.Layout) -> bool:
+    """Bit for bit on every problem's valid columns (NaN where NaN; the sign of zero too)."""
+    if ours.shape != theirs.shape or ours.dtype != theirs.dtype:
+        return False
+    valid = torch.arange(ours.shape[2], device=ours.device)[None, :] < where.sizes[:, None]
+    a, b = ours.transpose(1, 2)[valid], theirs.transpose(1, 2)[valid]
+    return (torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+            and torch.equal(a.signbit(), b.signbit()))
+
+
+def _blocks_usable(spec: Matcher, m, outputs, targets: list, where: core.Layout):
+    """(the family, the kind of call) where this call's cost can be computed per block, else (None, None)."""
+    if spec.block is None or not isinstance(outputs, dict) or sum(where.counts) == 0:
+        return None, None
+    logits, boxes = outputs.get("logits"), outputs.get("pred_boxes")
+    if not isinstance(logits, torch.Tensor) or not isinstance(boxes, torch.Tensor) or logits.dim() != 3:
+        return None, None
+    if not all(isinstance(t, dict) and isinstance(t.get("class_labels"), torch.Tensor)
+               and isinstance(t.get("boxes"), torch.Tensor) for t in targets):
+        return None, None
+    fam = _family(spec, m, logits.device.type)
+    return (fam, _kind(m, outputs, targets)) if fam is not None else (None, None)
+
+
 def _patched_forward(cls, own, spec: Matcher):
-    check = not _sanitizes(own)
+    sanitizes = _sanitizes(own)
+    check = not sanitizes
 
     @functools.wraps(own)
     def forward(self, outputs, targets, *args, **kwargs):
@@ -103,8 +264,14 @@ def _patched_forward(cls, own, spec: Matcher):
         groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
         logits = outputs["logits"]
         where = core.layout([len(t[spec.sizes_key]) for t in targets], logits.shape[1], groups, logits.device)
-        if spec.layered and not checking and len(args) + len(kwargs) == spec.grouped:
-            found = _from_layers(self, own, outputs, targets, where, backend, check, args, kwargs)
+        fam, kind = _blocks_usable(spec, self, outputs, targets, where)
+        blocks = _blocks_ok.get(kind) if fam is not None else False  # None: this kind not checked yet
+        if not checking and len(args) + len(kwargs) == spec.grouped:
+            found = None
+            if blocks:  # each image's block, every layer of the stack at once
+                found = _from_blocks(self, fam, outputs, targets, where, backend, check, sanitizes, spec.layered)
+            elif blocks is False and spec.layered:  # the matcher's own cost of every layer of the stack
+                found = _from_layers(self, own, outputs, targets, where, backend, check, args, kwargs)
             if found is not None:
                 return found
         # A checked call runs the matcher twice, and a cost may draw random numbers (RF-DETR's mask points): the taken
@@ -121,7 +288,10 @@ def _patched_forward(cls, own, spec: Matcher):
             STATE.say_once(f"lucid-assign: transformers' {cls.__name__} copied no cost to the host; it runs as it is")
             return own(self, outputs, targets, *args, **kwargs) if checking else result
         with torch.no_grad():
-            ours = core.solve_call(_problems(cost.detach(), where), where, backend, check)
+            problems = _problems(cost.detach(), where)
+            ours = core.solve_call(problems, where, backend, check)
+            if fam is not None and blocks is None:  # once per kind of call: the cost per block against the family's
+                _verify_blocks(self, fam, kind, outputs, targets, where, sanitizes, problems)
         if checking:  # once per class and process: against the matcher's own forward
             theirs = own(self, outputs, targets, *args, **kwargs)
             _verified[cls] = _same(ours, theirs)
@@ -137,6 +307,42 @@ def _patched_forward(cls, own, spec: Matcher):
 
     forward.__lucid_patched__ = True
     return forward
+
+
+def _from_blocks(m, fam: _Family, outputs: dict, targets: list, where: core.Layout, backend: str, check: bool,
+                 sanitize: bool, layered: bool):
+    """This call's matches from each image's cost block: of every layer of its outputs' stack at the stack's first
+    call (core.layered), or of this call alone; None where a layer's boxes or the objects are not valid corners (the
+    call then runs the family's own code, which raises)."""
+    logits, boxes = outputs["logits"], outputs["pred_boxes"]
+
+    def costs(stacks):
+        return _block_problems(m, fam, stacks, targets, where, sanitize)
+
+    if layered:
+        objects = [v for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
+        found = core.layered(m, (logits, boxes), objects, where, costs, backend, check)
+        if found is not None:
+            return found
+    with torch.no_grad():
+        problems = costs([logits.detach()[None], boxes.detach()[None]])
+        return None if problems is None else core.solve_call(problems, where, backend, check)
+
+
+def _verify_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, where: core.Layout, sanitize: bool,
+                   theirs: torch.Tensor) -> None:
+    """Whether this kind of call's cost per block equals, entry by entry, the problems of the cost that the family's
+    own forward computed (``theirs``); a kind that differs keeps the family's cost, said once."""
+    try:
+        ours = _block_problems(m, fam, [outputs["logits"].detach()[None], outputs["pred_boxes"].detach()[None]],
+                               targets, where, sanitize)
+    except Exception:  # an input the family takes and this replica does not
+        ours = None
+    _blocks_ok[kind] = ours is not None and _same_problems(ours, theirs, where)
+    if not _blocks_ok[kind]:
+        STATE.say_once(f"lucid-assign: transformers' {type(m).__name__} computes its cost otherwise than "
+                       f"lucid-assign's per-image blocks reproduce ({kind[1]}, {kind[2]}); these calls keep its own "
+                       "cost")
 
 
 # --- the layers of one loss call matched at once ------------------------------------------------------------------
@@ -246,18 +452,9 @@ def is_patched() -> bool:
     return STATE.is_patched()
 
 
-@contextlib.contextmanager
 def patched(backend: str = "auto"):
     """Patch for the block, then restore what was there before it."""
-    was, before = is_patched(), STATE.backend
-    patch(backend)
-    try:
-        yield
-    finally:
-        if was:
-            patch(before)
-        else:
-            unpatch()
+    return _patching.patched(STATE, patch, unpatch, backend)
 
 
 def patch_report() -> list:

@@ -37,7 +37,6 @@ Nothing is imported from ultralytics until ``patch()`` is called; a missing pack
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
 import sys
@@ -47,6 +46,7 @@ import torch
 from .. import __version__, _library, dispatch, reference
 from .. import assigner as _ours
 from ..reference import SEG_INPUTS
+from . import _patching
 from ._patching import ULTRALYTICS as STATE
 from ._peer import TESTED_RANGE, accepted as _accepted, find_peer as _peer
 from .ultralytics_check import check_peer, self_check
@@ -299,16 +299,7 @@ def is_patched() -> bool:
     return STATE.is_patched()
 
 
-@contextlib.contextmanager
 def patched(backend: str = "auto"):
     """``with patched(): ...`` patches for the block; leaving it restores exactly the state before it: the peer
     unpatched, or patched with the backend it had."""
-    was, before = is_patched(), STATE.backend
-    patch(backend)
-    try:
-        yield
-    finally:
-        if was:
-            STATE.backend = LucidHungarianMatcher.backend = before
-        else:
-            unpatch()
+    return _patching.patched(STATE, patch, unpatch, backend)
