@@ -217,14 +217,14 @@ def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.La
 
 
 def _kind(m, outputs: dict, targets: list) -> tuple:
-    """What a per-block cost's equality to the family's may depend on besides the values: the class, the device,
+    """What a per-block cost's equality to the family's may depend on besides the values: the class, the devices,
     the dtypes, the autocast region and the matcher's settings."""
     logits, boxes = outputs["logits"], outputs["pred_boxes"]
     device = logits.device.type
     region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
-    dtypes = tuple(sorted({(k, v.dtype) for t in targets for k, v in t.items() if isinstance(v, torch.Tensor)},
-                          key=str))
-    return type(m), device, logits.dtype, boxes.dtype, dtypes, region, core.settings_of(m)
+    dtypes = tuple(sorted({(k, v.dtype, v.device.type) for t in targets for k, v in t.items()
+                           if isinstance(v, torch.Tensor)}, key=str))
+    return type(m), device, logits.dtype, boxes.dtype, boxes.device.type, dtypes, region, core.settings_of(m)
 
 
 def _same_problems(ours: torch.Tensor, theirs: torch.Tensor, where: core.Layout) -> bool:
