@@ -58,13 +58,14 @@ def matcher_costs(batch: int, imgsz: int, objects: int, seed: int) -> list:
         calls.append((cost.double().clone(), list(where.counts)))
         return problems(cost, where)
 
-    lt._problems, from_layers = record, lt._from_layers
-    lt._from_layers = lambda *args: None  # every call on its own: one recorded cost each
+    lt._problems, from_layers, blocks = record, lt._from_layers, lt._blocks_usable
+    lt._from_layers = lambda *args: None  # every call on its own, its matcher's own cost: one recorded cost each
+    lt._blocks_usable = lambda *args: (None, None)
     try:
         with lt.patched(), torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             model(pixel_values=images, labels=labels)
     finally:
-        lt._problems, lt._from_layers = problems, from_layers
+        lt._problems, lt._from_layers, lt._blocks_usable = problems, from_layers, blocks
     return calls
 
 

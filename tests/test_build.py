@@ -105,8 +105,9 @@ def test_force_cuda_and_what_torch_has_decide_whether_to_compile(monkeypatch):
 def test_a_toolkit_behind_an_nvcc_on_path_becomes_cuda_home(monkeypatch, tmp_path):
     """torch would take the parent of the folder holding nvcc, which a wrapper in /usr/local/bin makes /usr/local:
     a real toolkit (nvcc and cuda_runtime.h) is set as CUDA_HOME first, and nothing is set where there is none."""
-    monkeypatch.delenv("CUDA_HOME", raising=False)
-    monkeypatch.delenv("CUDA_PATH", raising=False)
+    for name in ("CUDA_HOME", "CUDA_PATH"):  # recorded, so that what default_cuda_home() sets is undone after
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr(toolchain, "STANDARD_HOME", str(tmp_path / "none"))
     kit = tmp_path / "kit"
     nvcc = _fake_nvcc(kit)
