@@ -3,11 +3,13 @@
 Every detection matcher of ``transformers/loss/`` computes a (batch, queries, all objects of the batch) cost on the
 device, copies it to the host (``.view(batch, queries, -1).cpu()``), splits it by the images' object counts and calls
 SciPy's ``linear_sum_assignment`` once per image (LW-DETR's and RF-DETR's once per image and query group). patch()
-replaces each matcher's ``forward``: the matcher's own code computes its cost, exactly as unpatched, up to the copy
-to the host; there the patched forward takes the cost on its device and matches every image (and group) in one call
-of ``torch.ops.lucid.linear_sum_assignment``, SciPy's choice, ties included. It returns what the matcher returns: per
-image the matched queries in ascending order and their objects, int64 index tensors, on the cost's device (the
-matcher's are on the CPU).
+replaces each matcher's ``forward``, which matches every image (and group) in one call of
+``torch.ops.lucid.linear_sum_assignment``, SciPy's choice, ties included, on the cost: for the families listed with a
+``block`` below, each image's cost block computed here alone, with the family's operations (every decoder layer of a
+loss call at once); for the others, and any kind of call whose blocks differ from the family's own cost, the cost the
+matcher's own code computes, taken at its copy to the host. It returns what the matcher returns: per image the
+matched queries in ascending order and their objects, int64 index tensors, on the cost's device (the matcher's are on
+the CPU). The matching core (_matching.py) does the layout, the solve, the layers at once and the index format.
 
 Each patched class checks itself once, at its first call in a process: it also runs the matcher's own forward on
 those inputs (SciPy on the host, one synchronisation) and compares the matches; a class that differs goes back to its
@@ -38,7 +40,7 @@ class Matcher(NamedTuple):
     sizes_key: str  # the targets' key whose length is an image's object count (the matcher's own)
     grouped: bool  # forward(outputs, targets, group_detr): the queries in group_detr groups, each matched alone
     layered: bool  # its cost reads only outputs["logits"] and outputs["pred_boxes"], and draws no random numbers:
-    # the layers of a decoder's stacked outputs can be matched at once (_from_layers)
+    # the layers of a decoder's stacked outputs can be matched at once (_from_blocks, _from_layers)
     block: str | None = None  # its cost computed per image block here (_family): how its class term is made
 
 
