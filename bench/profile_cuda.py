@@ -14,7 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
-from lucid_assign import ops, reference  # noqa: E402
+from lucid_assign import api, ops, reference  # noqa: E402
 from lucid_assign import bench as B  # noqa: E402
 
 
