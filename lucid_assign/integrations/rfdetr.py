@@ -1,0 +1,352 @@
+"""RF-DETR's matcher (rfdetr 1.11) on lucid-assign's batched linear sum assignment.
+
+RF-DETR's ``SetCriterion`` matches the final decoder layer, the auxiliary layers and the two-stage encoder output of a
+step, each in ``group_detr`` query groups. Its ``HungarianMatcher`` builds each layer's cost per image block (objects
+padded to the batch's most) and solves either every layer at once with torch-linear-assignment on CUDA (problems
+zero-padded to the most objects, in float32) or each image and group with SciPy; it matches each layer apart, with
+SciPy, when the layers' dtypes differ, and for batch 1, masks and keypoints.
+
+patch() hands every one of those solves to ``torch.ops.lucid.linear_sum_assignment``: SciPy's choice on each layer's
+own cost, ties included, ragged (no padding), on the cost's device. ``_match_many``, the criterion's call for all
+layers of a step, gives one op call in every case:
+
+- the detection batch (the common case): every layer's cost per image block at once (RF-DETR's own operations, on
+  the layers stacked), one synchronisation for RF-DETR's own finiteness check, and the matches stay on the device;
+- any other batch (masks, keypoints, batch 1, layers of different dtypes): each layer's cost as RF-DETR's own
+  ``forward`` computes it (taken where it hands it to its solver), then all layers in one op call; the matches on the
+  CPU, as RF-DETR returns them.
+
+Where RF-DETR's own checks decline its batched path (a non-finite box or cost), the criterion matches each layer with
+RF-DETR's ``forward``, whose solve is the op too. The first batched call of each kind in a process also computes the
+costs RF-DETR's own way and compares them bit for bit; a kind that differs runs RF-DETR's own ``_match_many`` (its
+solves on the op) from then on, said once.
+
+    from lucid_assign.integrations import rfdetr as lucid_rfdetr
+    lucid_rfdetr.patch()   # before RFDETRSmall().train(...); unpatch() restores RF-DETR's own
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import torch
+
+from .. import __version__, dispatch
+from . import _matching as core
+from . import _patching
+from ._patching import RFDETR as STATE
+
+# what patch() replaces, and what the patched code calls, of rfdetr 1.11's HungarianMatcher
+_REPLACED = ("_match_many", "_assign_compact_cost_matrix")
+_USED = ("_compute_compact_detection_cost_matrix", "_compute_stacked_compact_cost_matrices",
+         "_focal_classification_cost", "_target_side_precheck", "_compact_path_applicable", "_resolve_l1_cost")
+
+_verified: dict = {}  # kind of batched call -> its costs equal RF-DETR's own (checked at its first call)
+_taking = threading.local()  # .on: RF-DETR's solvers hand back the cost instead of solving (this thread)
+
+
+class _Taken(NamedTuple):
+    """A cost RF-DETR's own code handed to its solver while taken: (queries, sum(sizes)) and how to split it."""
+
+    cost: torch.Tensor
+    sizes: tuple
+    groups: int
+
+
+def _modules():
+    from rfdetr.models import _assignment, matcher
+
+    return matcher, _assignment
+
+
+def _backend(device: torch.device) -> str | None:
+    """The backend of a patched call on ``device`` ("kernel" or "reference"), or None: RF-DETR's own solver."""
+    return core.runs_here(STATE, STATE.backend, device.type, "RF-DETR matcher")
+
+
+def _check_groups(queries: int, groups: int) -> None:
+    if groups < 1 or queries % groups:
+        raise ValueError(f"num_queries ({queries}) must be divisible by group_detr ({groups})")
+
+
+def _empty(layers: int, images: int, device) -> list:
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
+    return [[(empty, empty) for _ in range(images)] for _ in range(layers)]
+
+
+def _split(rows, cols, where: core.Layout, layers: int) -> list:
+    """RF-DETR's form of the op's outputs: per layer, per image, (queries, objects) int64, its groups one after the
+    other (each group's queries ascending, offset by the group's first query), the objects indexed in the image."""
+    found = core.matches(rows, cols, where, layers)
+    images = len(where.counts)
+    return [found[k * images:(k + 1) * images] for k in range(layers)]
+
+
+def solve_blocks(costs: list, sizes, groups: int, backend: str, host: bool) -> list:
+    """Per cost (each (queries, sum(sizes)): image b's objects in its block of columns; all of one device and query
+    count), per image, the matches (_split) of its ``groups`` query groups, in one call of the op. ``host``: the
+    matches on the CPU (one transfer), as RF-DETR returns them; else on the costs' device. On the CPU a problem SciPy
+    refuses raises SciPy's error (RF-DETR's solver only sees finite costs)."""
+    sizes = [int(n) for n in sizes]
+    queries, device = costs[0].shape[0], costs[0].device
+    _check_groups(queries, groups)
+    layers, images = len(costs), len(sizes)
+    if sum(sizes) == 0:
+        return _empty(layers, images, "cpu" if host else device)
+    where = core.layout(sizes, queries, groups, device)
+    stack = torch.stack(costs) if layers > 1 else costs[0][None]
+    shape = (layers, images, queries, where.width)
+    blocks = stack[:, None].expand(layers, images, *stack.shape[1:]).gather(3, where.columns[None, :, None].expand(
+        shape))
+    rows, cols, info = core.solve(blocks.view(layers * images * groups, queries // groups, where.width), where,
+                                  backend, layers)
+    if device.type == "cpu":
+        for k in range(layers):
+            core.raise_refused(info.view(layers, -1)[k], where)
+    if host and device.type != "cpu":
+        pair = torch.stack((rows, cols)).cpu()
+        return _split(pair[0], pair[1], core.layout(sizes, queries, groups, "cpu"), layers)
+    return _split(rows, cols, where, layers)
+
+
+# --- RF-DETR's two solvers, replaced ---------------------------------------------------------------------------------
+
+
+def _assign_compact_cost_matrix(cost_matrix, sizes, group_detr):
+    """RF-DETR's SciPy loop over groups and images of one (queries, sum(sizes)) cost, on the op."""
+    if getattr(_taking, "on", False):
+        return _Taken(cost_matrix, tuple(sizes), group_detr)
+    backend = _backend(cost_matrix.device)
+    if backend is None:
+        return STATE.original("_assign_compact_cost_matrix")(cost_matrix, sizes, group_detr)
+    return solve_blocks([cost_matrix], sizes, group_detr, backend, host=True)[0]
+
+
+def assign_many_bucketed(cost_matrices, sizes, group_detr):
+    """RF-DETR's batched solve of the layers' (queries, sum(sizes)) costs (torch-linear-assignment on problems padded
+    to the most objects), on the op: ragged, SciPy's choice."""
+    if getattr(_taking, "on", False):
+        return [_Taken(m, tuple(sizes), group_detr) for m in cost_matrices]
+    backend = _backend(cost_matrices[0].device)
+    if backend is None:
+        return STATE.original("assign_many_bucketed")(cost_matrices, sizes, group_detr)
+    return _solve_taken([_Taken(m, tuple(sizes), group_detr) for m in cost_matrices], backend)
+
+
+def _solve_taken(taken: list, backend: str) -> list:
+    """Each taken cost's matches (on the CPU), those alike in queries, sizes and groups in one op call: on the
+    accelerator where some are there (RF-DETR copies a layer's cost to the host on some paths and not on others)."""
+    found: list = [None] * len(taken)
+    alike: dict = {}
+    devices = {t.cost.device for t in taken} - {torch.device("cpu")}
+    device = devices.pop() if len(devices) == 1 else None
+    for i, t in enumerate(taken):
+        alike.setdefault((t.cost.device if device is None else device, t.cost.shape[0], t.sizes, t.groups),
+                         []).append(i)
+    for (where, _, sizes, groups), members in alike.items():
+        costs = [taken[i].cost.to(where, non_blocking=True) for i in members]
+        solved = solve_blocks(costs, sizes, groups, backend, host=True)
+        for i, matches in zip(members, solved):
+            found[i] = matches
+    return found
+
+
+# --- the criterion's call for every layer of a step ------------------------------------------------------------------
+
+
+def _batched(m, outputs_list: list, targets: list) -> bool:
+    """Whether RF-DETR's own _match_many would match these layers together (its checks of shapes, dtypes and
+    devices; its value checks come later), and no fixed-row target padding."""
+    if len(outputs_list) < 2 or not targets or "valid" in targets[0]:
+        return False
+    if not all(m._compact_path_applicable(o, targets) for o in outputs_list):
+        return False
+    boxes, logits = outputs_list[0]["pred_boxes"], outputs_list[0]["pred_logits"]
+    return (all(o["pred_boxes"].dtype == boxes.dtype and o["pred_boxes"].device == boxes.device
+                and o["pred_logits"].dtype == logits.dtype and o["pred_logits"].device == boxes.device
+                and o["pred_logits"].shape[1:] == logits.shape[1:] for o in outputs_list[1:])
+            and all(t["boxes"].dtype == boxes.dtype and t["boxes"].device == boxes.device
+                    and t["labels"].device == boxes.device and t["labels"].dtype == targets[0]["labels"].dtype
+                    for t in targets))
+
+
+def _cost(m, mod, logits, boxes, labels, objects):
+    """RF-DETR's detection cost of images against their padded objects, with its own operations: (n, queries, most
+    objects), float32."""
+    n, queries = logits.shape[:2]
+    focal = m._focal_classification_cost(torch.gather(logits, 2, labels[:, None, :].expand(n, queries,
+                                                                                           labels.shape[1])))
+    l1 = m._resolve_l1_cost()(boxes, objects)
+    giou = -torch.vmap(mod.generalized_box_iou)(mod.box_cxcywh_to_xyxy(boxes), mod.box_cxcywh_to_xyxy(objects))
+    return (m.cost_bbox * l1 + m.cost_class * focal + m.cost_giou * giou).float()
+
+
+def _their_costs(m, mod, outputs_list, targets, stacks: bool) -> list:
+    """Each layer's (queries, sum(sizes)) cost as RF-DETR's own _match_many computes it."""
+    if stacks:
+        costs = m._compute_stacked_compact_cost_matrices(outputs_list, targets)
+    else:
+        costs = [m._compute_compact_detection_cost_matrix(o, targets, clamp_target_labels=True) for o in outputs_list]
+    return [c.float() for c in costs]
+
+
+def _as_theirs(cost: torch.Tensor, sizes: list, layers: int) -> list:
+    images = len(sizes)
+    return [torch.cat([cost[k * images + b, :, :n] for b, n in enumerate(sizes)], dim=-1) for k in range(layers)]
+
+
+def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, backend: str):
+    """Every layer's matches of a detection batch (on the device), or None where RF-DETR's checks decline (a
+    non-finite or too large box, a label out of range, a non-finite cost): the criterion then calls each layer's
+    forward. One synchronisation: RF-DETR's own check."""
+    mod, _ = _modules()
+    first = outputs_list[0]
+    boxes0, logits0 = first["pred_boxes"], first["pred_logits"]
+    classes, queries = logits0.shape[-1], logits0.shape[1]
+    layers, images = len(outputs_list), len(targets)
+    sizes = [len(t["boxes"]) for t in targets]
+    if sum(sizes) == 0:  # RF-DETR's per-layer calls: no object, no match
+        return _empty(layers, images, "cpu")
+    _check_groups(queries, groups)
+    if (safety is not None and safety.targets is targets and safety.pred_boxes_dtype == boxes0.dtype
+            and safety.pred_boxes_device == boxes0.device and safety.num_classes == classes):
+        target_safe = safety.safe
+    else:
+        target_safe = m._target_side_precheck(boxes0.dtype, boxes0.device, classes, targets)
+    pad = torch.nn.utils.rnn.pad_sequence
+    labels = pad([t["labels"] for t in targets], batch_first=True).clamp(0, classes - 1)
+    objects = pad([t["boxes"] for t in targets], batch_first=True)
+    width = objects.shape[1]
+    # RF-DETR stacks the layers' costs up to a size; per layer above it. On CUDA each element's value is the same
+    # either way (elementwise kernels), so all layers go at once; on the CPU a vectorised loop's tail may round
+    # differently, so RF-DETR's own choice is kept.
+    theirs_stack = layers * images * queries * width <= mod._STACKED_COST_ELEMENT_LIMIT
+    if boxes0.device.type == "cuda" or theirs_stack:
+        cost = _cost(m, mod, torch.cat([o["pred_logits"] for o in outputs_list]),
+                     torch.cat([o["pred_boxes"] for o in outputs_list]), labels.repeat(layers, 1),
+                     objects.repeat(layers, 1, 1))
+    else:
+        cost = torch.cat([_cost(m, mod, o["pred_logits"], o["pred_boxes"], labels, objects) for o in outputs_list])
+    limit = torch.finfo(boxes0.dtype).max ** 0.5 / 16
+    where = core.layout(sizes, queries, groups, boxes0.device)
+    counts = where.sizes.view(images, groups)[:, :1]
+    padding = (torch.arange(width, device=boxes0.device) >= counts).repeat(layers, 1)[:, None, :]
+    flags = [target_safe, torch.isfinite(cost).logical_or_(padding).all()]
+    flags += [torch.isfinite(o["pred_boxes"]).all() & (o["pred_boxes"].abs() <= limit).all() for o in outputs_list]
+    if not bool(torch.stack(flags).all()):
+        return None
+    kind = (boxes0.device.type, logits0.dtype, boxes0.dtype, theirs_stack)
+    if kind not in _verified:  # once per kind of call: our costs against RF-DETR's own
+        same = all(torch.equal(a, b) for a, b in zip(_as_theirs(cost, sizes, layers),
+                                                     _their_costs(m, mod, outputs_list, targets, theirs_stack)))
+        _verified[kind] = same
+        if not same:
+            STATE.report["HungarianMatcher._match_many"] = "RF-DETR's own costs (a kind of call differed)"
+            STATE.say_once("lucid-assign: the patched RF-DETR matcher's costs differed from RF-DETR's own for "
+                           f"{kind}; such calls compute them RF-DETR's way from now on (the solves stay on the op)")
+            return STATE.original("_match_many")(m, outputs_list, targets, groups, safety)
+    rows, cols, _ = core.solve(cost.view(layers * images * groups, queries // groups, width), where, backend, layers)
+    return _split(rows, cols, where, layers)
+
+
+def _from_forwards(m, outputs_list: list, targets: list, groups: int, safety, backend: str) -> list:
+    """Every layer's matches as RF-DETR's criterion gets them from each layer's forward (its own cost, its random
+    draws in the same order), the solves of all layers in one op call (per device and query count)."""
+    _taking.on = True
+    try:
+        got = [m.forward(o, targets, group_detr=groups, target_side_safety=safety) for o in outputs_list]
+    finally:
+        _taking.on = False
+    taken = [i for i, g in enumerate(got) if isinstance(g, _Taken)]  # (a forward that solved nothing: its result)
+    for i, matches in zip(taken, _solve_taken([got[i] for i in taken], backend)):
+        got[i] = matches
+    return got
+
+
+@torch.no_grad()
+def _match_many(self, outputs_list, targets, group_detr=1, target_side_safety=None):
+    """RF-DETR's call for every layer of a step (criterion), every solve in one op call."""
+    own = STATE.original("_match_many")
+    logits = outputs_list[0]["pred_logits"] if outputs_list else None
+    backend = _backend(logits.device) if isinstance(logits, torch.Tensor) else None
+    if backend is None or len(outputs_list) < 2:
+        return own(self, outputs_list, targets, group_detr, target_side_safety)
+    kind = "batched" if _batched(self, outputs_list, targets) else "per layer"
+    if kind == "batched":
+        found = _from_blocks(self, outputs_list, targets, group_detr, target_side_safety, backend)
+    else:
+        found = _from_forwards(self, outputs_list, targets, group_detr, target_side_safety, backend)
+    if not STATE.announced:
+        what = f"RF-DETR's matcher ({kind}) matches on {logits.device} with lucid-assign's {backend}"
+        STATE.verbose(what)
+        STATE.announce(what, __version__)
+    return found
+
+
+# --- patch ------------------------------------------------------------------------------------------------------------
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("rfdetr")
+    except Exception:
+        return "unknown"
+
+
+def patch(backend: str = "auto") -> None:
+    """Make RF-DETR's matcher solve on the device with lucid-assign's op (every layer of a step in one call).
+
+    ``backend``: "auto" (the kernel where it runs, else RF-DETR's own solvers, said once), "kernel" (raise where it
+    cannot run) or "reference" (lucid-assign's pure solver). Idempotent; ``unpatch()`` restores RF-DETR's own."""
+    dispatch.resolve_backend(backend)  # refuses an unknown backend
+    with STATE.lock:
+        if STATE.originals is not None:
+            STATE.backend = backend
+            return
+        STATE.report.clear()
+        originals: dict = {}
+        try:
+            mod, assignment = _modules()
+        except Exception as e:  # not installed, or a release that fails to import (without SciPy, say)
+            STATE.report["HungarianMatcher"] = f"not patched: rfdetr.models cannot be imported ({e})"
+        else:
+            cls = mod.HungarianMatcher
+            missing = [n for n in _REPLACED if n not in vars(cls)] + [n for n in _USED if not hasattr(cls, n)]
+            missing += [n for n in ("assign_many_bucketed",) if not hasattr(assignment, n)]
+            if missing:
+                STATE.report["HungarianMatcher"] = (f"left to RF-DETR (rfdetr {_version()} has no {', '.join(missing)};"
+                                                    " the patch knows rfdetr 1.11)")
+            else:
+                originals = {(cls, "_match_many"): vars(cls)["_match_many"],
+                             (cls, "_assign_compact_cost_matrix"): vars(cls)["_assign_compact_cost_matrix"],
+                             (assignment, "assign_many_bucketed"): assignment.assign_many_bucketed}
+                cls._match_many = _match_many
+                cls._assign_compact_cost_matrix = staticmethod(_assign_compact_cost_matrix)
+                assignment.assign_many_bucketed = assign_many_bucketed
+                STATE.report["HungarianMatcher"] = "patched"
+        STATE.originals, STATE.backend = originals, backend
+
+
+def unpatch() -> None:
+    """Restore RF-DETR's own matcher."""
+    with STATE.lock:
+        for (owner, name), obj in (STATE.originals or {}).items():
+            setattr(owner, name, obj)
+        STATE.originals = None
+
+
+def is_patched() -> bool:
+    return STATE.is_patched()
+
+
+def patched(backend: str = "auto"):
+    """Patch for the block, then restore what was there before it."""
+    return _patching.patched(STATE, patch, unpatch, backend)
+
+
+def patch_report() -> list:
+    """What patch() did: patched, or left to RF-DETR (why)."""
+    return [f"{name}: {what}" for name, what in STATE.report.items()]

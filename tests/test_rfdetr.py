@@ -1,0 +1,341 @@
+"""RF-DETR's matcher patched (lucid_assign.integrations.rfdetr): a small RF-DETR built from its config (no weights, no
+downloads) trained a few steps unpatched and patched, every matcher call the same (RF-DETR's own matcher under SciPy,
+its CPU solver, is the oracle), the losses and the trained weights the same bit for bit; the matcher's other paths
+(masks, keypoints, batch 1, layers of other dtypes, fixed-row padding) call by call; one op call per loss call; and
+the case where RF-DETR's own batched solver (problems padded to the most objects) differs from SciPy."""
+
+import contextlib
+import copy
+import os
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("scipy")
+try:
+    from rfdetr.config import RFDETRSmallConfig, TrainConfig
+    from rfdetr.models import _assignment
+    from rfdetr.models import matcher as rf_matcher
+    from rfdetr.models.lwdetr import build_criterion_from_config, build_model_from_config
+    from rfdetr.utilities.tensors import NestedTensor
+except ImportError as exc:  # pragma: no cover - CI installs rfdetr
+    if os.environ.get("LUCID_REQUIRE_PEER") == "1":
+        pytest.fail(f"rfdetr is required here: {exc}", pytrace=False)
+    pytest.skip(f"rfdetr not installed: {exc}", allow_module_level=True)
+from scipy.optimize import linear_sum_assignment  # noqa: E402
+
+from lucid_assign import matching  # noqa: E402
+from lucid_assign.integrations import rfdetr as lr  # noqa: E402
+
+from conftest import devices  # noqa: E402
+
+Matcher = rf_matcher.HungarianMatcher
+QUERIES, GROUPS, CLASSES, SIDE = 20, 3, 5, 128  # per group; the criterion matches QUERIES * GROUPS queries
+
+
+@pytest.fixture(autouse=True)
+def restored():
+    lr._verified.clear()
+    yield
+    lr.unpatch()
+
+
+@pytest.fixture(scope="module")
+def small():
+    """RF-DETR Small's architecture at 128 px with 20 queries in 3 groups: (model, criterion), untrained."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = RFDETRSmallConfig(pretrain_weights=None, num_classes=CLASSES, device="cpu", resolution=SIDE,
+                                   positional_encoding_size=SIDE // 16, num_queries=QUERIES, group_detr=GROUPS)
+        train = TrainConfig(dataset_dir=".", output_dir=".")
+        torch.manual_seed(0)
+        model = build_model_from_config(config, train)
+        criterion, _ = build_criterion_from_config(config, train)
+    return model, criterion
+
+
+def _objects(counts, g, device="cpu", masks=False):
+    out = []
+    for n in counts:
+        centre = torch.rand(n, 2, generator=g) * 0.8 + 0.1
+        size = torch.rand(n, 2, generator=g) * 0.3 + 0.02
+        t = {"boxes": torch.cat([centre, size], 1), "labels": torch.randint(0, CLASSES, (n,), generator=g)}
+        if n > 1:  # a repeated box and label: tied costs
+            t["boxes"][1], t["labels"][1] = t["boxes"][0], t["labels"][0]
+        if masks:
+            t["masks"] = torch.rand(n, 16, 16, generator=g) > 0.5
+        out.append({k: v.to(device) for k, v in t.items()})
+    return out
+
+
+def _plain(layer) -> list:
+    for i, j in layer:
+        assert i.dtype == j.dtype == torch.int64 and i.shape == j.shape and i.dim() == 1
+    return [(i.tolist(), j.tolist()) for i, j in layer]
+
+
+@contextlib.contextmanager
+def recording(calls: list):
+    """Every layer's matches as the criterion receives them: _match_many's (a list per layer) or forward's (one
+    layer), forward counted only when the criterion called it (not from within _match_many)."""
+    many, forward = Matcher._match_many, Matcher.forward
+    inside = [0]
+
+    def record_many(self, *args, **kwargs):
+        inside[0] += 1
+        try:
+            found = many(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+        if found is not None:
+            calls.extend(_plain(layer) for layer in found)
+        return found
+
+    def record_forward(self, *args, **kwargs):
+        found = forward(self, *args, **kwargs)
+        if not inside[0]:
+            calls.append(_plain(found))
+        return found
+
+    Matcher._match_many, Matcher.forward = record_many, record_forward
+    try:
+        yield
+    finally:
+        Matcher._match_many, Matcher.forward = many, forward
+
+
+@pytest.fixture
+def scipy_own(monkeypatch):
+    """RF-DETR's own matcher with SciPy as its solver on every device: its batched CUDA call as its CPU path solves
+    (each layer's cost on the host, SciPy per group and image)."""
+    own = Matcher.__dict__["_assign_compact_cost_matrix"]
+    monkeypatch.setattr(_assignment, "assign_many_bucketed",
+                        lambda costs, sizes, groups: [own(c.cpu(), sizes, groups) for c in costs])
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """The op calls made (their batch sizes)."""
+    calls = []
+    run = matching.run
+
+    def counted(chosen, cost, sizes):
+        calls.append(cost.shape[0])
+        return run(chosen, cost, sizes)
+
+    monkeypatch.setattr(matching, "run", counted)
+    return calls
+
+
+# the objects per image of each step: ties, an empty image, more objects than a group's queries, no objects at all
+STEPS = ([3, 7], [0, 25], [0, 0], [12, 1])
+
+
+def _train(model, criterion, device, autocast, steps=STEPS):
+    """Train a copy a few steps with AdamW: (every matcher call's matches, the losses, the weights)."""
+    model = copy.deepcopy(model).to(device).train()
+    criterion = copy.deepcopy(criterion).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    calls, losses = [], []
+    with recording(calls):
+        for counts in steps:
+            images = torch.randn(len(counts), 3, SIDE, SIDE, generator=g).to(device)
+            targets = _objects(counts, g, device)
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+                outputs = model(NestedTensor(images, torch.zeros(len(counts), SIDE, SIDE, dtype=torch.bool,
+                                                                 device=device)))
+                parts = criterion(outputs, targets)
+            loss = sum(parts[k] * criterion.weight_dict[k] for k in parts if k in criterion.weight_dict)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach().cpu())
+    return calls, losses, [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+def test_training_steps_match_rfdetr_own(small, device, autocast, scipy_own, op_calls, library):
+    """Every matcher call of four training steps (final, auxiliary and encoder layers, 3 query groups) equal to
+    RF-DETR's own under SciPy, the losses and the trained weights bit for bit, and every loss call's layers solved in
+    one op call."""
+    model, criterion = small
+    own = _train(model, criterion, device, autocast)
+    assert not op_calls
+    with lr.patched():
+        ours = _train(model, criterion, device, autocast)
+    assert len(ours[0]) == len(own[0]) >= 4 * len(STEPS)
+    for k, (a, b) in enumerate(zip(ours[0], own[0])):
+        assert a == b, f"matcher call {k}"
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], own[1])), (ours[1], own[1])
+    assert all(torch.equal(a, b) for a, b in zip(ours[2], own[2]))
+    assert len(op_calls) == len(STEPS) - 1  # one per loss call with objects (none for the step without)
+    assert all(lr._verified.values())  # the batched route's costs were RF-DETR's own (when it ran)
+    assert lr._verified or (autocast and device == "cpu")  # (CPU autocast: the encoder's boxes in bf16, per layer)
+
+
+def _outputs(layers, images, queries, device, g, dtypes=None, masks=False):
+    """Synthetic decoder outputs of ``layers`` layers: [final, aux..., enc]."""
+    out = []
+    for k in range(layers):
+        dtype = dtypes[k] if dtypes else torch.float32
+        o = {"pred_logits": torch.randn(images, queries, CLASSES, generator=g).to(device, dtype),
+             "pred_boxes": (torch.rand(images, queries, 4, generator=g) * 0.5 + 0.1).to(device, dtype)}
+        if masks:
+            o["pred_masks"] = torch.randn(images, queries, 16, 16, generator=g).to(device)
+        out.append(o)
+    return out
+
+
+def _own_calls(m, outputs, targets, groups):
+    """The criterion's matching with the unpatched matcher: _match_many, or each layer's forward where it declines."""
+    found = Matcher._match_many(m, outputs, targets, group_detr=groups)
+    return found if found is not None else [m(o, targets, group_detr=groups) for o in outputs]
+
+
+def _same_calls(m, outputs, targets, groups, autocast=False):
+    device = outputs[0]["pred_boxes"].device.type
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+        torch.manual_seed(5)  # the mask cost draws its points
+        own = [_plain(layer) for layer in _own_calls(m, outputs, targets, groups)]
+        with lr.patched():
+            torch.manual_seed(5)
+            ours = [_plain(layer) for layer in _own_calls(m, outputs, targets, groups)]
+    assert ours == own
+    return ours
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("case", ["detection", "batch 1", "masks", "mixed dtypes", "fixed rows", "one layer",
+                                  "more objects than queries", "no objects"])
+def test_each_path_matches_rfdetr_own(device, case, scipy_own, op_calls, library):
+    """Each of the matcher's paths, call by call, against RF-DETR's own under SciPy; one op call for all layers."""
+    g = torch.Generator().manual_seed(len(case))
+    m = Matcher(cost_class=2, cost_bbox=5, cost_giou=2)
+    layers, counts, dtypes = 4, [4, 9, 1], None
+    if case == "batch 1":
+        counts = [6]
+    elif case == "mixed dtypes":  # RF-DETR's encoder output under CPU autocast
+        dtypes = [torch.float32] * 3 + [torch.bfloat16]
+    elif case == "fixed rows":  # XLA's fixed-size targets: every image has 6 rows, the last ones filler
+        counts = [6, 6, 6]
+    elif case == "one layer":
+        layers = 1
+    elif case == "more objects than queries":
+        counts = [QUERIES + 3, 2, 0]
+    elif case == "no objects":
+        counts = [0, 0, 0]
+    targets = _objects(counts, g, device, masks=case == "masks")
+    if case == "fixed rows":
+        for t, n in zip(targets, [4, 6, 1]):
+            t["valid"] = torch.arange(6, device=device) < n
+    outputs = _outputs(layers, len(counts), QUERIES * GROUPS, device, g, dtypes, masks=case == "masks")
+    _same_calls(m, outputs, targets, GROUPS, autocast=dtypes is not None)  # (mixed: under autocast, as trained)
+    assert len(op_calls) == (0 if case == "no objects" else 1)
+    batched = case in ("detection", "more objects than queries")
+    assert list(lr._verified.values()) == ([True] if batched else [])  # the batched route, its costs RF-DETR's
+
+
+@pytest.mark.parametrize("device", devices())
+def test_unsafe_values_decline_as_rfdetr_does(device, scipy_own, library):
+    """A non-finite box in one layer: RF-DETR's _match_many declines and each layer goes through forward (the full
+    path's sanitised cost for that layer); the patched matcher declines the same way, with the same matches."""
+    g = torch.Generator().manual_seed(3)
+    m = Matcher()
+    targets = _objects([3, 5], g, device)
+    outputs = _outputs(3, 2, QUERIES * GROUPS, device, g)
+    outputs[1]["pred_boxes"][0, 4, 2] = float("nan")
+    assert Matcher._match_many(m, outputs, targets, group_detr=GROUPS) is None
+    with lr.patched():
+        assert Matcher._match_many(m, outputs, targets, group_detr=GROUPS) is None
+    _same_calls(m, outputs, targets, GROUPS)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_no_stale_matches(device, scipy_own, library):
+    """The same tensors changed in place, other targets, other groups: each call matched afresh (a cache of an earlier
+    call's matches would fail here)."""
+    g = torch.Generator().manual_seed(4)
+    m = Matcher()
+    targets = _objects([5, 8], g, device)
+    outputs = _outputs(3, 2, QUERIES * GROUPS, device, g)
+    first = _same_calls(m, outputs, targets, GROUPS)
+    outputs[2]["pred_boxes"].copy_(outputs[2]["pred_boxes"].flip(1))
+    targets[1]["labels"].add_(1).remainder_(CLASSES)
+    second = _same_calls(m, outputs, targets, GROUPS)
+    assert second[2] != first[2]
+    third = _same_calls(m, outputs, targets[::-1], GROUPS)
+    assert third != second
+    _same_calls(m, outputs, targets, 2 * GROUPS)
+
+
+def test_rfdetr_padded_solve_differs_from_scipy(monkeypatch):
+    """RF-DETR's own batched solve pads every image's objects to the batch's most; where that is a group's queries
+    the padded problem is square and, on ties, its optimum is not SciPy's on the image's own cost. Here torch-linear-
+    assignment's host path (SciPy on each padded problem, what the package runs off CUDA) stands in for its solver.
+    Image 1 has one object that every query reaches at the same cost: SciPy takes query 0, the padded problem another.
+    The patched matcher gives SciPy's."""
+    fake = types.ModuleType("torch_linear_assignment")
+
+    def batch_linear_assignment(cost):
+        out = torch.full(cost.shape[:2], -1, dtype=torch.int64)
+        for b in range(cost.shape[0]):
+            r, c = linear_sum_assignment(cost[b].numpy())
+            out[b, torch.from_numpy(r)] = torch.from_numpy(c)
+        return out
+
+    fake.batch_linear_assignment = batch_linear_assignment
+    monkeypatch.setitem(sys.modules, "torch_linear_assignment", fake)
+    cost = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, 1.0]])  # 3 queries; 3 + 1 objects
+    theirs = _assignment.assign_many_bucketed([cost], [3, 1], 1)[0]
+    assert _plain(theirs)[1] == ([2], [0])
+    assert tuple(a.tolist() for a in linear_sum_assignment(cost[:, 3:].numpy())) == ([0], [0])
+    ours = lr.solve_blocks([cost], [3, 1], 1, "reference", host=True)[0]
+    assert _plain(ours) == [([0, 1, 2], [0, 1, 2]), ([0], [0])]
+
+
+def test_patch_report_and_unpatch():
+    own = (Matcher.__dict__["_match_many"], Matcher.__dict__["_assign_compact_cost_matrix"],
+           _assignment.assign_many_bucketed)
+    lr.patch()
+    assert lr.is_patched() and lr.patch_report() == ["HungarianMatcher: patched"]
+    assert Matcher.__dict__["_match_many"] is not own[0]
+    lr.patch("reference")  # idempotent: a new backend only
+    lr.unpatch()
+    assert (Matcher.__dict__["_match_many"], Matcher.__dict__["_assign_compact_cost_matrix"],
+            _assignment.assign_many_bucketed) == own
+    with pytest.raises(ValueError, match="backend"):
+        lr.patch("fastest")
+
+
+def test_group_count_error_is_rfdetr_own(library):
+    m = Matcher()
+    g = torch.Generator().manual_seed(6)
+    targets = _objects([2, 3], g)
+    outputs = _outputs(2, 2, 10, "cpu", g)
+    with lr.patched(), pytest.raises(ValueError, match=r"num_queries \(10\) must be divisible by group_detr \(3\)"):
+        Matcher._match_many(m, outputs, targets, group_detr=3)
+
+
+def test_ragged_problems_in_one_call_equal_scipy(op_calls, library):
+    """solve_blocks: several layers' costs, images of 0 to more objects than a group's queries, in one op call,
+    each image and group SciPy's choice on its own block (integer costs: ties everywhere)."""
+    g = torch.Generator().manual_seed(7)
+    sizes, groups, per_group = [0, 2, 7, 3], 2, 5
+    costs = [torch.randint(0, 3, (groups * per_group, sum(sizes)), generator=g).float() for _ in range(3)]
+    found = lr.solve_blocks(costs, sizes, groups, "kernel", host=True)
+    assert op_calls == [3 * len(sizes) * groups]
+    for cost, layer in zip(costs, found):
+        start = np.cumsum([0] + sizes)
+        for b, (rows, cols) in enumerate(layer):
+            want_r, want_c = [], []
+            for q in range(groups):
+                r, c = linear_sum_assignment(cost[q * per_group:(q + 1) * per_group, start[b]:start[b + 1]].numpy())
+                want_r += (r + q * per_group).tolist()
+                want_c += c.tolist()
+            assert (rows.tolist(), cols.tolist()) == (want_r, want_c)
