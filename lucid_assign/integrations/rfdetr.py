@@ -171,14 +171,29 @@ def _batched(m, outputs_list: list, targets: list) -> bool:
                     for t in targets))
 
 
+def _minus_giou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """-GIoU of (n, Q, 4) corner boxes against (n, T, 4): (n, Q, T), RF-DETR's formula (its areas, its 1e-7 floors of
+    the union and of the enclosing area), the operations RF-DETR's vmap of its 2-D function runs, as broadcasts."""
+    a, b = a[:, :, None], b[:, None]
+    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
+    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+    wh = (torch.min(a[..., 2:], b[..., 2:]) - torch.max(a[..., :2], b[..., :2])).clamp(min=0)
+    inter = wh[..., 0] * wh[..., 1]
+    union = area_a + area_b - inter
+    iou = inter / union.clamp(min=1e-7)
+    wh = (torch.max(a[..., 2:], b[..., 2:]) - torch.min(a[..., :2], b[..., :2])).clamp(min=0)
+    enclosing = wh[..., 0] * wh[..., 1]
+    return -(iou - (enclosing - union) / enclosing.clamp(min=1e-7))
+
+
 def _cost(m, mod, logits, boxes, labels, objects):
-    """RF-DETR's detection cost of images against their padded objects, with its own operations: (n, queries, most
-    objects), float32."""
+    """RF-DETR's detection cost of images against their padded objects: its focal and L1 terms (its own methods), its
+    GIoU, its weighted sum; (n, queries, most objects), float32."""
     n, queries = logits.shape[:2]
     focal = m._focal_classification_cost(torch.gather(logits, 2, labels[:, None, :].expand(n, queries,
                                                                                            labels.shape[1])))
     l1 = m._resolve_l1_cost()(boxes, objects)
-    giou = -torch.vmap(mod.generalized_box_iou)(mod.box_cxcywh_to_xyxy(boxes), mod.box_cxcywh_to_xyxy(objects))
+    giou = _minus_giou(mod.box_cxcywh_to_xyxy(boxes), mod.box_cxcywh_to_xyxy(objects))
     return (m.cost_bbox * l1 + m.cost_class * focal + m.cost_giou * giou).float()
 
 
