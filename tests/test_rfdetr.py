@@ -339,3 +339,16 @@ def test_ragged_problems_in_one_call_equal_scipy(op_calls, library):
                 want_r += (r + q * per_group).tolist()
                 want_c += c.tolist()
             assert (rows.tolist(), cols.tolist()) == (want_r, want_c)
+
+
+def test_bench_runs(capsys, library):
+    """bench/train_step_rfdetr.py on the CPU at a tiny size: both matchers' steps and the matching's share."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    try:
+        import train_step_rfdetr
+    finally:
+        sys.path.pop(0)
+    train_step_rfdetr.main(["--device", "cpu", "--variant", "small", "--imgsz", "64", "--batch", "2", "--objects",
+                            "3", "--steps", "2", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert "small     64       3 own" in out and "small     64       3 patched" in out and "faster" in out
