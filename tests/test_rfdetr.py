@@ -158,25 +158,83 @@ def _train(model, criterion, device, autocast, steps=STEPS):
     return calls, losses, [p.detach().cpu() for p in model.parameters()]
 
 
+def _detached(outputs):
+    """The model's outputs as leaves of their own (the same values), so that two criteria can be run on them and
+    differentiated apart."""
+    if isinstance(outputs, dict):
+        return {k: _detached(v) for k, v in outputs.items()}
+    if isinstance(outputs, list):
+        return [_detached(v) for v in outputs]
+    if isinstance(outputs, torch.Tensor) and outputs.is_floating_point():
+        return outputs.detach().clone().requires_grad_(outputs.requires_grad)
+    return outputs
+
+
+def _leaves(outputs) -> list:
+    if isinstance(outputs, dict):
+        return [t for v in outputs.values() for t in _leaves(v)]
+    if isinstance(outputs, list):
+        return [t for v in outputs for t in _leaves(v)]
+    return [outputs] if isinstance(outputs, torch.Tensor) and outputs.requires_grad else []
+
+
+def _loss(criterion, outputs, targets, calls):
+    with recording(calls):
+        parts = criterion(outputs, targets)
+    return sum(parts[k] * criterion.weight_dict[k] for k in parts if k in criterion.weight_dict)
+
+
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
 def test_training_steps_match_rfdetr_own(small, device, autocast, scipy_own, op_calls, library):
-    """Every matcher call of four training steps (final, auxiliary and encoder layers, 3 query groups) equal to
-    RF-DETR's own under SciPy, the losses and the trained weights bit for bit, and every loss call's layers solved in
-    one op call."""
+    """Four training steps (final, auxiliary and encoder layers, 3 query groups): at each, the criterion unpatched
+    and patched on the same outputs, every matcher call equal to RF-DETR's own under SciPy, the losses and their
+    gradients (as to every output of the model) bit for bit, and every loss call's layers solved in one op call. The
+    model trains on the patched loss (its backward on CUDA is not deterministic: two runs are compared step by step,
+    not across steps)."""
     model, criterion = small
-    own = _train(model, criterion, device, autocast)
-    assert not op_calls
-    with lr.patched():
-        ours = _train(model, criterion, device, autocast)
-    assert len(ours[0]) == len(own[0]) >= 4 * len(STEPS)
-    for k, (a, b) in enumerate(zip(ours[0], own[0])):
-        assert a == b, f"matcher call {k}"
-    assert all(torch.equal(a, b) for a, b in zip(ours[1], own[1])), (ours[1], own[1])
-    assert all(torch.equal(a, b) for a, b in zip(ours[2], own[2]))
-    assert len(op_calls) == len(STEPS) - 1  # one per loss call with objects (none for the step without)
+    model = copy.deepcopy(model).to(device).train()
+    criterion = copy.deepcopy(criterion).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    for step, counts in enumerate(STEPS):
+        images = torch.randn(len(counts), 3, SIDE, SIDE, generator=g).to(device)
+        targets = _objects(counts, g, device)
+        mask = torch.zeros(len(counts), SIDE, SIDE, dtype=torch.bool, device=device)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            outputs = model(NestedTensor(images, mask))
+            mine, theirs = _detached(outputs), _detached(outputs)
+            own_calls, our_calls = [], []
+            before = len(op_calls)
+            own = _loss(criterion, theirs, targets, own_calls)
+            assert len(op_calls) == before
+            with lr.patched():
+                ours = _loss(criterion, mine, targets, our_calls)
+                assert len(op_calls) == before + (sum(counts) > 0)  # one per loss call with objects
+                patched = _loss(criterion, outputs, targets, [])
+        assert len(our_calls) == len(own_calls) >= 4
+        for k, (a, b) in enumerate(zip(our_calls, own_calls)):
+            assert a == b, f"step {step}, matcher call {k}"
+        assert torch.equal(ours, own), (step, ours, own)
+        for a, b in zip(torch.autograd.grad(ours, _leaves(mine)), torch.autograd.grad(own, _leaves(theirs))):
+            assert torch.equal(a, b)
+        optimizer.zero_grad()
+        patched.backward()
+        optimizer.step()
     assert all(lr._verified.values())  # the batched route's costs were RF-DETR's own (when it ran)
     assert lr._verified or (autocast and device == "cpu")  # (CPU autocast: the encoder's boxes in bf16, per layer)
+
+
+def test_training_on_the_cpu_is_the_same_run(small, scipy_own, library):
+    """On the CPU (a deterministic backward) four training steps unpatched and four patched, from the same weights:
+    the same matches, losses and trained weights, bit for bit."""
+    model, criterion = small
+    own = _train(model, criterion, "cpu", True)
+    with lr.patched():
+        ours = _train(model, criterion, "cpu", True)
+    assert ours[0] == own[0]
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], own[1]))
+    assert all(torch.equal(a, b) for a, b in zip(ours[2], own[2]))
 
 
 def _outputs(layers, images, queries, device, g, dtypes=None, masks=False):
