@@ -5,7 +5,7 @@
     python bench/train_step_rfdetr.py --device cpu --variant small --imgsz 128 --batch 2 --objects 5 --steps 2 --warmup 1
 
 Each model is built from its rfdetr config (RFDETRSmallConfig, RFDETRBaseConfig, RFDETRMediumConfig; 90 classes, no
-weights) at its own resolution (512, 560 and 576 px) unless --imgsz says otherwise, with its training defaults: 300
+weights: none is loaded or fetched) at its own resolution (512, 560 and 576 px) unless --imgsz says otherwise, with its training defaults: 300
 queries in 13 groups, two-stage, auxiliary losses. A step is what RF-DETR's trainer does under bf16-mixed: the forward
 pass and the criterion (which matches the final, auxiliary and encoder layers) under bf16 autocast, the weighted loss,
 backward and an AdamW step, on DOTA-like axis-aligned objects (lucid_assign.synthetic). Its own matcher solves with
@@ -49,7 +49,9 @@ def build(variant: str, imgsz: int | None, device):
         if imgsz:
             patch = config_cls.model_fields["patch_size"].default
             extra = dict(resolution=imgsz, positional_encoding_size=imgsz // patch)
-        config = config_cls(pretrain_weights=None, num_classes=CLASSES, device=str(device), **extra)
+        # (the config names its checkpoint, which building the model does not load; with none, the Base's DINOv2
+        # backbone would be fetched from the hub)
+        config = config_cls(num_classes=CLASSES, device=str(device), **extra)
         train = rc.TrainConfig(dataset_dir=".", output_dir=".")
         torch.manual_seed(0)
         model = build_model_from_config(config, train).to(device).train()

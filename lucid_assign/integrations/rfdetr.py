@@ -60,6 +60,12 @@ def _modules():
     return matcher, _assignment
 
 
+def _box_ops():
+    from rfdetr.utilities import box_ops
+
+    return box_ops
+
+
 def _backend(device: torch.device) -> str | None:
     """The backend of a patched call on ``device`` ("kernel" or "reference"), or None: RF-DETR's own solver."""
     return core.runs_here(STATE, STATE.backend, device.type, "RF-DETR matcher")
@@ -155,28 +161,39 @@ def _solve_taken(taken: list, backend: str) -> list:
 # --- the criterion's call for every layer of a step ------------------------------------------------------------------
 
 
-def _batched(m, outputs_list: list, targets: list) -> bool:
-    """Whether RF-DETR's own _match_many would match these layers together (its checks of shapes, dtypes and
-    devices; its value checks come later), and no fixed-row target padding."""
-    if len(outputs_list) < 2 or not targets or "valid" in targets[0]:
-        return False
-    if not all(m._compact_path_applicable(o, targets) for o in outputs_list):
-        return False
+def _route(m, outputs_list: list, targets: list) -> str:
+    """How a detection step's layers are matched here, as RF-DETR would match them:
+    - "batched": RF-DETR's own _match_many takes them together (the layers alike in dtypes, the objects' boxes in the
+      boxes' dtype); its checks decline all or none;
+    - "layers": RF-DETR declines its batched path (the layers' dtypes differ: the encoder's boxes in bf16 under
+      autocast) and its criterion calls each layer's forward, whose cost is per image block where the objects' boxes
+      have the layer's dtype, else over the batch's cross product (only its image blocks are solved): on CUDA these
+      are computed per image block here too;
+    - "forwards": anything else (masks, keypoints, batch 1, fixed-row padding, other query counts, the CPU's
+      "layers"): each layer's own forward, its cost taken."""
+    if not targets or "valid" in targets[0] or not all(m._compact_path_applicable(o, targets) for o in outputs_list):
+        return "forwards"
     boxes, logits = outputs_list[0]["pred_boxes"], outputs_list[0]["pred_logits"]
-    return (all(o["pred_boxes"].dtype == boxes.dtype and o["pred_boxes"].device == boxes.device
-                and o["pred_logits"].dtype == logits.dtype and o["pred_logits"].device == boxes.device
-                and o["pred_logits"].shape[1:] == logits.shape[1:] for o in outputs_list[1:])
-            and all(t["boxes"].dtype == boxes.dtype and t["boxes"].device == boxes.device
-                    and t["labels"].device == boxes.device and t["labels"].dtype == targets[0]["labels"].dtype
-                    for t in targets))
+    device = boxes.device
+    if not (all(o["pred_boxes"].device == device and o["pred_logits"].device == device
+                and o["pred_logits"].shape[1:] == logits.shape[1:] for o in outputs_list)
+            and all(t["boxes"].dtype == targets[0]["boxes"].dtype and t["boxes"].device == device
+                    and t["labels"].device == device and t["labels"].dtype == targets[0]["labels"].dtype
+                    for t in targets)):
+        return "forwards"
+    if all(o["pred_boxes"].dtype == boxes.dtype and o["pred_logits"].dtype == logits.dtype
+           for o in outputs_list) and targets[0]["boxes"].dtype == boxes.dtype:
+        return "batched"
+    return "layers" if device.type == "cuda" else "forwards"
 
 
-def _minus_giou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """-GIoU of (n, Q, 4) corner boxes against (n, T, 4): (n, Q, T), RF-DETR's formula (its areas, its 1e-7 floors of
-    the union and of the enclosing area), the operations RF-DETR's vmap of its 2-D function runs, as broadcasts."""
+def _minus_giou(box_area, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """-GIoU of (n, Q, 4) corner boxes against (n, T, 4): (n, Q, T), RF-DETR's formula (its box areas, its 1e-7
+    floors of the union and of the enclosing area), the operations of its 2-D function (dtypes promoted where they
+    are), as broadcasts. ``box_area``: RF-DETR's (torchvision's: narrow floats widened to float32)."""
+    area_a = box_area(a.reshape(-1, 4)).view(*a.shape[:2], 1)
+    area_b = box_area(b.reshape(-1, 4)).view(b.shape[0], 1, b.shape[1])
     a, b = a[:, :, None], b[:, None]
-    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
-    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
     wh = (torch.min(a[..., 2:], b[..., 2:]) - torch.max(a[..., :2], b[..., :2])).clamp(min=0)
     inter = wh[..., 0] * wh[..., 1]
     union = area_a + area_b - inter
@@ -187,18 +204,28 @@ def _minus_giou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _cost(m, mod, logits, boxes, labels, objects):
-    """RF-DETR's detection cost of images against their padded objects: its focal and L1 terms (its own methods), its
-    GIoU, its weighted sum; (n, queries, most objects), float32."""
+    """RF-DETR's detection cost of images against their padded objects: its focal and L1 terms (its own methods; the
+    plain L1 function where the dtypes differ, as its forward), its GIoU, its weighted sum; (n, queries, most
+    objects), float32."""
     n, queries = logits.shape[:2]
     focal = m._focal_classification_cost(torch.gather(logits, 2, labels[:, None, :].expand(n, queries,
                                                                                            labels.shape[1])))
-    l1 = m._resolve_l1_cost()(boxes, objects)
-    giou = _minus_giou(mod.box_cxcywh_to_xyxy(boxes), mod.box_cxcywh_to_xyxy(objects))
+    l1 = (m._resolve_l1_cost() if boxes.dtype == objects.dtype else mod.pairwise_box_l1_cost)(boxes, objects)
+    giou = _minus_giou(_box_ops().box_area, mod.box_cxcywh_to_xyxy(boxes), mod.box_cxcywh_to_xyxy(objects))
     return (m.cost_bbox * l1 + m.cost_class * focal + m.cost_giou * giou).float()
 
 
-def _their_costs(m, mod, outputs_list, targets, stacks: bool) -> list:
-    """Each layer's (queries, sum(sizes)) cost as RF-DETR's own _match_many computes it."""
+def _as_theirs(cost: torch.Tensor, sizes: list, layers: int) -> list:
+    """Each layer's (queries, sum(sizes)) cost, RF-DETR's form, of (layers * images, queries, most objects) blocks."""
+    images = len(sizes)
+    return [torch.cat([cost[k * images + b, :, :n] for b, n in enumerate(sizes)], dim=-1) for k in range(layers)]
+
+
+def _their_costs(m, mod, outputs_list, targets, groups, safety, route: str, stacks: bool) -> list:
+    """Each layer's (queries, sum(sizes)) cost as RF-DETR computes it: its _match_many's ("batched"), or its
+    forward's (taken)."""
+    if route == "layers":
+        return [t.cost for t in _taken(m, outputs_list, targets, groups, safety)]
     if stacks:
         costs = m._compute_stacked_compact_cost_matrices(outputs_list, targets)
     else:
@@ -206,74 +233,100 @@ def _their_costs(m, mod, outputs_list, targets, stacks: bool) -> list:
     return [c.float() for c in costs]
 
 
-def _as_theirs(cost: torch.Tensor, sizes: list, layers: int) -> list:
-    images = len(sizes)
-    return [torch.cat([cost[k * images + b, :, :n] for b, n in enumerate(sizes)], dim=-1) for k in range(layers)]
-
-
-def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, backend: str):
-    """Every layer's matches of a detection batch (on the device), or None where RF-DETR's checks decline (a
-    non-finite or too large box, a label out of range, a non-finite cost): the criterion then calls each layer's
-    forward. One synchronisation: RF-DETR's own check."""
+def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, backend: str, route: str):
+    """Every layer's matches of a detection step (on the device), each layer's cost per image block: RF-DETR's values
+    (route "batched" or "layers", _route). One synchronisation, for RF-DETR's own checks of the boxes, labels and
+    costs; where they fail: None for "batched" (RF-DETR declines; the criterion calls each layer's forward), each
+    layer's own forward (taken) for "layers"."""
     mod, _ = _modules()
-    first = outputs_list[0]
-    boxes0, logits0 = first["pred_boxes"], first["pred_logits"]
-    classes, queries = logits0.shape[-1], logits0.shape[1]
+    boxes0, logits0 = outputs_list[0]["pred_boxes"], outputs_list[0]["pred_logits"]
+    device, classes, queries = boxes0.device, logits0.shape[-1], logits0.shape[1]
     layers, images = len(outputs_list), len(targets)
     sizes = [len(t["boxes"]) for t in targets]
     if sum(sizes) == 0:  # RF-DETR's per-layer calls: no object, no match
         return _empty(layers, images, "cpu")
     _check_groups(queries, groups)
-    if (safety is not None and safety.targets is targets and safety.pred_boxes_dtype == boxes0.dtype
-            and safety.pred_boxes_device == boxes0.device and safety.num_classes == classes):
-        target_safe = safety.safe
-    else:
-        target_safe = m._target_side_precheck(boxes0.dtype, boxes0.device, classes, targets)
     pad = torch.nn.utils.rnn.pad_sequence
-    labels = pad([t["labels"] for t in targets], batch_first=True).clamp(0, classes - 1)
+    labels = pad([t["labels"] for t in targets], batch_first=True)
     objects = pad([t["boxes"] for t in targets], batch_first=True)
     width = objects.shape[1]
-    # RF-DETR stacks the layers' costs up to a size; per layer above it. On CUDA each element's value is the same
-    # either way (elementwise kernels), so all layers go at once; on the CPU a vectorised loop's tail may round
-    # differently, so RF-DETR's own choice is kept.
-    theirs_stack = layers * images * queries * width <= mod._STACKED_COST_ELEMENT_LIMIT
-    if boxes0.device.type == "cuda" or theirs_stack:
-        cost = _cost(m, mod, torch.cat([o["pred_logits"] for o in outputs_list]),
-                     torch.cat([o["pred_boxes"] for o in outputs_list]), labels.repeat(layers, 1),
-                     objects.repeat(layers, 1, 1))
+    where = core.layout(sizes, queries, groups, device)
+    # RF-DETR stacks the layers' costs up to a size, per layer above it (its forward: per layer). On CUDA an entry's
+    # value is the same either way (elementwise kernels), so alike layers go at once; on the CPU a vectorised loop's
+    # tail may round differently, so RF-DETR's own choice is kept.
+    stacks = layers * images * queries * width <= mod._STACKED_COST_ELEMENT_LIMIT
+    alike: dict = {}
+    for k, o in enumerate(outputs_list):
+        alike.setdefault((o["pred_logits"].dtype, o["pred_boxes"].dtype), []).append(k)
+    safe_labels = labels.clamp(0, classes - 1)  # (out of range: declined below, before any use)
+    parts = []  # (layers, their costs (len(layers) * images, queries, width))
+    for members in alike.values():
+        if device.type == "cuda" or stacks:
+            n = len(members)
+            parts.append((members, _cost(m, mod, torch.cat([outputs_list[k]["pred_logits"] for k in members]),
+                                         torch.cat([outputs_list[k]["pred_boxes"] for k in members]),
+                                         safe_labels.repeat(n, 1), objects.repeat(n, 1, 1))))
+        else:
+            parts += [([k], _cost(m, mod, outputs_list[k]["pred_logits"], outputs_list[k]["pred_boxes"], safe_labels,
+                                  objects)) for k in members]
+    if len(parts) == 1:
+        cost = parts[0][1]
     else:
-        cost = torch.cat([_cost(m, mod, o["pred_logits"], o["pred_boxes"], labels, objects) for o in outputs_list])
-    limit = torch.finfo(boxes0.dtype).max ** 0.5 / 16
-    where = core.layout(sizes, queries, groups, boxes0.device)
-    counts = where.sizes.view(images, groups)[:, :1]
-    padding = (torch.arange(width, device=boxes0.device) >= counts).repeat(layers, 1)[:, None, :]
-    flags = [target_safe, torch.isfinite(cost).logical_or_(padding).all()]
-    flags += [torch.isfinite(o["pred_boxes"]).all() & (o["pred_boxes"].abs() <= limit).all() for o in outputs_list]
+        of_layer = {k: part[i * images:(i + 1) * images] for members, part in parts for i, k in enumerate(members)}
+        cost = torch.cat([of_layer[k] for k in range(layers)])
+    padding = (torch.arange(width, device=device) >= where.sizes.view(images, groups)[:, :1]).repeat(layers, 1)
+    flags = [torch.isfinite(cost).logical_or_(padding[:, None, :]).all()]
+    checked = {}
+    for o in outputs_list:
+        b = o["pred_boxes"]
+        if b.dtype == objects.dtype:  # RF-DETR's compact cost: its checks of the objects and of the boxes
+            if b.dtype not in checked:
+                checked[b.dtype] = (safety.safe if (safety is not None and safety.targets is targets
+                                                    and safety.pred_boxes_dtype == b.dtype
+                                                    and safety.pred_boxes_device == device
+                                                    and safety.num_classes == classes)
+                                    else m._target_side_precheck(b.dtype, device, classes, targets))
+                flags.append(checked[b.dtype])
+            bound = torch.finfo(b.dtype).max ** 0.5 / 16
+            flags.append(torch.isfinite(b).all() & (b.abs() <= bound).all())
+        elif "labels" not in checked:  # its cost over the cross product ("layers" only): the labels index the logits
+            checked["labels"] = (labels >= 0).all() & (labels < classes).all()
+            flags.append(checked["labels"])
     if not bool(torch.stack(flags).all()):
-        return None
-    kind = (boxes0.device.type, logits0.dtype, boxes0.dtype, theirs_stack)
+        return None if route == "batched" else _from_forwards(m, outputs_list, targets, groups, safety, backend)
+    kind = (device.type, route, stacks if device.type == "cpu" else None,
+            tuple((o["pred_logits"].dtype, o["pred_boxes"].dtype) for o in outputs_list), objects.dtype)
     if kind not in _verified:  # once per kind of call: our costs against RF-DETR's own
-        same = all(torch.equal(a, b) for a, b in zip(_as_theirs(cost, sizes, layers),
-                                                     _their_costs(m, mod, outputs_list, targets, theirs_stack)))
+        theirs = _their_costs(m, mod, outputs_list, targets, groups, safety, route, stacks)
+        same = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(_as_theirs(cost, sizes, layers), theirs))
         _verified[kind] = same
         if not same:
             STATE.report["HungarianMatcher._match_many"] = "RF-DETR's own costs (a kind of call differed)"
             STATE.say_once("lucid-assign: the patched RF-DETR matcher's costs differed from RF-DETR's own for "
                            f"{kind}; such calls compute them RF-DETR's way from now on (the solves stay on the op)")
+    if not _verified[kind]:
+        if route == "batched":
             return STATE.original("_match_many")(m, outputs_list, targets, groups, safety)
+        return _from_forwards(m, outputs_list, targets, groups, safety, backend)
     rows, cols, _ = core.solve(cost.view(layers * images * groups, queries // groups, width), where, backend, layers)
     return _split(rows, cols, where, layers)
 
 
-def _from_forwards(m, outputs_list: list, targets: list, groups: int, safety, backend: str) -> list:
-    """Every layer's matches as RF-DETR's criterion gets them from each layer's forward (its own cost, its random
-    draws in the same order), the solves of all layers in one op call (per device and query count)."""
+def _taken(m, outputs_list: list, targets: list, groups: int, safety) -> list:
+    """Each layer's forward, as RF-DETR's criterion calls it (its random draws in the same order), its cost taken
+    where it hands it to its solver (a _Taken), or its result where it solved nothing."""
     _taking.on = True
     try:
-        got = [m.forward(o, targets, group_detr=groups, target_side_safety=safety) for o in outputs_list]
+        return [m.forward(o, targets, group_detr=groups, target_side_safety=safety) for o in outputs_list]
     finally:
         _taking.on = False
-    taken = [i for i, g in enumerate(got) if isinstance(g, _Taken)]  # (a forward that solved nothing: its result)
+
+
+def _from_forwards(m, outputs_list: list, targets: list, groups: int, safety, backend: str) -> list:
+    """Every layer's matches as RF-DETR's criterion gets them from each layer's forward (_taken), the solves of all
+    layers in one op call."""
+    got = _taken(m, outputs_list, targets, groups, safety)
+    taken = [i for i, g in enumerate(got) if isinstance(g, _Taken)]
     for i, matches in zip(taken, _solve_taken([got[i] for i in taken], backend)):
         got[i] = matches
     return got
@@ -287,13 +340,13 @@ def _match_many(self, outputs_list, targets, group_detr=1, target_side_safety=No
     backend = _backend(logits.device) if isinstance(logits, torch.Tensor) else None
     if backend is None or len(outputs_list) < 2:
         return own(self, outputs_list, targets, group_detr, target_side_safety)
-    kind = "batched" if _batched(self, outputs_list, targets) else "per layer"
-    if kind == "batched":
-        found = _from_blocks(self, outputs_list, targets, group_detr, target_side_safety, backend)
-    else:
+    route = _route(self, outputs_list, targets)
+    if route == "forwards":
         found = _from_forwards(self, outputs_list, targets, group_detr, target_side_safety, backend)
+    else:
+        found = _from_blocks(self, outputs_list, targets, group_detr, target_side_safety, backend, route)
     if not STATE.announced:
-        what = f"RF-DETR's matcher ({kind}) matches on {logits.device} with lucid-assign's {backend}"
+        what = f"RF-DETR's matcher ({route}) matches on {logits.device} with lucid-assign's {backend}"
         STATE.verbose(what)
         STATE.announce(what, __version__)
     return found
