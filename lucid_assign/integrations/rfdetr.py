@@ -259,39 +259,38 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
     for k, o in enumerate(outputs_list):
         alike.setdefault((o["pred_logits"].dtype, o["pred_boxes"].dtype), []).append(k)
     safe_labels = labels.clamp(0, classes - 1)  # (out of range: declined below, before any use)
-    parts = []  # (layers, their costs (len(layers) * images, queries, width))
-    for members in alike.values():
+    parts, flags, checked = [], [], {}  # parts: (layers, their costs (len(layers) * images, queries, width))
+    for (_, box_dtype), members in alike.items():
+        boxes = torch.cat([outputs_list[k]["pred_boxes"] for k in members])
         if device.type == "cuda" or stacks:
             n = len(members)
-            parts.append((members, _cost(m, mod, torch.cat([outputs_list[k]["pred_logits"] for k in members]),
-                                         torch.cat([outputs_list[k]["pred_boxes"] for k in members]),
-                                         safe_labels.repeat(n, 1), objects.repeat(n, 1, 1))))
+            logits = torch.cat([outputs_list[k]["pred_logits"] for k in members])
+            parts.append((members, _cost(m, mod, logits, boxes, safe_labels.repeat(n, 1), objects.repeat(n, 1, 1))))
         else:
             parts += [([k], _cost(m, mod, outputs_list[k]["pred_logits"], outputs_list[k]["pred_boxes"], safe_labels,
                                   objects)) for k in members]
+        if box_dtype == objects.dtype:  # RF-DETR's compact cost: its checks of the objects and of the boxes (finite
+            # and within its bound: NaN fails the comparison)
+            if box_dtype not in checked:
+                checked[box_dtype] = (safety.safe if (safety is not None and safety.targets is targets
+                                                      and safety.pred_boxes_dtype == box_dtype
+                                                      and safety.pred_boxes_device == device
+                                                      and safety.num_classes == classes)
+                                      else m._target_side_precheck(box_dtype, device, classes, targets))
+                flags.append(checked[box_dtype])
+            flags.append((boxes.abs() <= torch.finfo(box_dtype).max ** 0.5 / 16).all())
+        elif "labels" not in checked:  # its cost over the cross product ("layers" only): the labels index the logits
+            checked["labels"] = (labels >= 0).all() & (labels < classes).all()
+            flags.append(checked["labels"])
     if len(parts) == 1:
         cost = parts[0][1]
     else:
         of_layer = {k: part[i * images:(i + 1) * images] for members, part in parts for i, k in enumerate(members)}
         cost = torch.cat([of_layer[k] for k in range(layers)])
-    padding = (torch.arange(width, device=device) >= where.sizes.view(images, groups)[:, :1]).repeat(layers, 1)
-    flags = [torch.isfinite(cost).logical_or_(padding[:, None, :]).all()]
-    checked = {}
-    for o in outputs_list:
-        b = o["pred_boxes"]
-        if b.dtype == objects.dtype:  # RF-DETR's compact cost: its checks of the objects and of the boxes
-            if b.dtype not in checked:
-                checked[b.dtype] = (safety.safe if (safety is not None and safety.targets is targets
-                                                    and safety.pred_boxes_dtype == b.dtype
-                                                    and safety.pred_boxes_device == device
-                                                    and safety.num_classes == classes)
-                                    else m._target_side_precheck(b.dtype, device, classes, targets))
-                flags.append(checked[b.dtype])
-            bound = torch.finfo(b.dtype).max ** 0.5 / 16
-            flags.append(torch.isfinite(b).all() & (b.abs() <= bound).all())
-        elif "labels" not in checked:  # its cost over the cross product ("layers" only): the labels index the logits
-            checked["labels"] = (labels >= 0).all() & (labels < classes).all()
-            flags.append(checked["labels"])
+    # RF-DETR checks its costs' entries; the padding columns here are finite where those are but for a non-finite
+    # logit of class 0 (the padding's label): then this declines where RF-DETR would not, and RF-DETR's own path
+    # matches (the same matches, slower)
+    flags.append(torch.isfinite(cost).all())
     if not bool(torch.stack(flags).all()):
         return None if route == "batched" else _from_forwards(m, outputs_list, targets, groups, safety, backend)
     kind = (device.type, route, stacks if device.type == "cpu" else None,
