@@ -1,6 +1,7 @@
 """Training-step benchmark of RF-DETR with and without lucid_assign.integrations.rfdetr.patch(), in one run.
 
     python bench/train_step_rfdetr.py                        # GPU: RF-DETR Small, Base and Medium, batch 4, bf16
+    python bench/train_step_rfdetr.py --out docs/bench-step-rfdetr.json   # and the record the README's figures use
     python bench/train_step_rfdetr.py --variant small --objects 50
     python bench/train_step_rfdetr.py --device cpu --variant small --imgsz 128 --batch 2 --objects 5 --steps 2 --warmup 1
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import json
 import os
 import statistics
 import sys
@@ -167,6 +170,7 @@ def main(argv=None):
     p.add_argument("--objects", type=int, nargs="+", default=[10, 50, 200])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", help="write the record (JSON) here")
     args = p.parse_args(argv)
     import rfdetr
 
@@ -175,6 +179,7 @@ def main(argv=None):
           f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")
     print(f"{'variant':<7} {'px':>4} {'objects':>7} {'matcher':<8} {'step ms':>9} {'matching ms (calls)':>20} "
           f"{'share':>7}")
+    results = []
     for variant in args.variant:
         for objects in args.objects:
             runs = measure(args, variant, objects)
@@ -186,6 +191,15 @@ def main(argv=None):
             paired = statistics.median(1 - q / u for u, q in zip(base["times"], ours["times"]))
             print(f"{'':>20} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch "
                   f"(median of the paired steps: {100 * paired:+.1f}%)", flush=True)
+            results.append(dict(variant=variant, imgsz=base["imgsz"], objects=objects, paired_faster=paired,
+                                **{name: {k: r[k] for k in ("step_s", "matcher_s", "calls", "times")}
+                                   for name, r in (("own", base), ("patched", ours))}))
+    if args.out:
+        env = dict(torch=torch.__version__, cuda=torch.version.cuda, rfdetr=lr._version(),
+                   gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                   date=datetime.date.today().isoformat())
+        with open(args.out, "w") as f:
+            json.dump(dict(environment=env, args=vars(args), results=results), f, indent=1)
 
 
 if __name__ == "__main__":
