@@ -1,7 +1,8 @@
 """The README's table of figures, generated from the benchmark records docs/bench-cuda-*.json (written by
 `python -m lucid_assign bench ... --out docs/bench-cuda-KIND.json`) and docs/bench-fit-*.json (written by
 `python bench/fit_time.py ... --out docs/bench-fit-RECIPE.json`), so that every figure in it comes with the command,
-the machine and the date that produced it.
+the machine and the date that produced it; docs/bench-step-*.json (`python bench/train_step_rfdetr.py ... --out
+docs/bench-step-rfdetr.json`) give the rows of a trainer's steps.
 
     python scripts/figures.py                 # print the table
     python scripts/figures.py --write README.md   # replace the README's table (between its figures markers)
@@ -90,6 +91,9 @@ def table() -> str:
     fits = _records("bench-fit-")
     if fits:
         lines += [""] + _wrap(_fit_header(fits))
+    steps = _records("bench-step-")
+    for rec in steps:
+        lines += [""] + _wrap(_step_header(rec))
     lines += ["", "| case | kernel | peer | kernel vs peer | peak memory: kernel / peer |",
               "| --- | --- | --- | --- | --- |"]
     for rec in records:
@@ -107,6 +111,8 @@ def table() -> str:
                          f"{p['median_s'] / k['median_s']:,.0f}x | {_mem(k['peak_bytes'])} / {_mem(p['peak_bytes'])} |")
     for rec in fits:
         lines += _fit_rows(rec)
+    for rec in steps:
+        lines += _step_rows(rec)
     lines += ["", END]
     return "\n".join(lines)
 
@@ -149,6 +155,47 @@ def _fit_rows(rec: dict) -> list:
         k, p = summary["patched"][key], summary["plain"][key]
         rows.append(f"| {what}: {label} (ranges {k['min']:,.1f}-{k['max']:,.1f} / {p['min']:,.1f}-{p['max']:,.1f} s) | "
                     f"{k['median']:,.2f} s | {p['median']:,.2f} s | {p['median'] / k['median']:,.2f}x | - |")
+    return rows
+
+
+def _step_header(rec: dict) -> str:
+    """What the training-step rows of RF-DETR are: the command, machine, date and method."""
+    env, args = rec["environment"], rec["args"]
+    command = (f"python bench/train_step_rfdetr.py --steps {args['steps']} --out docs/bench-step-rfdetr.json")
+    return (f"RF-DETR training steps, {env['gpu']}, torch {env['torch']}, rfdetr {env['rfdetr']}, {env['date']}: "
+            f"`{command}` (each variant built from its config, no weights, batch {args['batch']} at its resolution, "
+            "bf16 autocast, AdamW; RF-DETR's own matcher (\"peer\": torch-linear-assignment) and the patched one "
+            f"(\"kernel\") stepping alternately, the median of {args['steps']} steps; the matching timed call by call "
+            "between two synchronisations, and its share of the step; record in `docs/bench-step-rfdetr.json`):")
+
+
+def _step_rows(rec: dict) -> list:
+    """One row per variant: its steps at each object count, patched against its own matcher."""
+    by = {}
+    for r in rec["results"]:
+        by.setdefault((r["variant"], r["imgsz"]), []).append(r)
+
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:,.3g}"
+
+    def share(r: dict, who: str) -> str:
+        return f"{100 * r[who]['matcher_s'] / r[who]['step_s']:.1f}"
+
+    def ratio(r: dict) -> str:
+        return f"{r['own']['step_s'] / r['patched']['step_s']:.2f}"
+
+    rows = []
+    for (variant, imgsz), rs in by.items():
+        def each(f, unit: str = "") -> str:
+            return " / ".join(f(r) for r in rs) + unit
+
+        rows.append(
+            f"| RF-DETR {variant.capitalize()} training step, b{rec['args']['batch']} at {imgsz} px, "
+            f"{each(lambda r: str(r['objects']))} objects per image (matching: patched "
+            f"{each(lambda r: ms(r['patched']['matcher_s']), ' ms')}, {each(lambda r: share(r, 'patched'), '%')} of "
+            f"the step; own {each(lambda r: ms(r['own']['matcher_s']), ' ms')}, {each(lambda r: share(r, 'own'), '%')})"
+            f" | {each(lambda r: ms(r['patched']['step_s']), ' ms')} | {each(lambda r: ms(r['own']['step_s']), ' ms')}"
+            f" | {each(ratio, 'x')} | - |")
     return rows
 
 
