@@ -8,18 +8,19 @@ SciPy, when the layers' dtypes differ, and for batch 1, masks and keypoints.
 
 patch() hands every one of those solves to ``torch.ops.lucid.linear_sum_assignment``: SciPy's choice on each layer's
 own cost, ties included, ragged (no padding), on the cost's device. ``_match_many``, the criterion's call for all
-layers of a step, gives one op call in every case:
+layers of a step, gives one op call in every case (_route):
 
-- the detection batch (the common case): every layer's cost per image block at once (RF-DETR's own operations, on
-  the layers stacked), one synchronisation for RF-DETR's own finiteness check, and the matches stay on the device;
-- any other batch (masks, keypoints, batch 1, layers of different dtypes): each layer's cost as RF-DETR's own
-  ``forward`` computes it (taken where it hands it to its solver), then all layers in one op call; the matches on the
-  CPU, as RF-DETR returns them.
+- a detection step ("batched", and on CUDA "layers": the layers' dtypes differ, as under bf16 autocast): every
+  layer's cost per image block at once, RF-DETR's values (its own terms, in its dtypes), one synchronisation for
+  RF-DETR's own checks, and the matches stay on the device;
+- any other step (masks, keypoints, batch 1, fixed-row padding; "layers" on the CPU): each layer's cost as RF-DETR's
+  own ``forward`` computes it (taken where it hands it to its solver), then all layers in one op call; the matches on
+  the CPU, as RF-DETR returns them.
 
-Where RF-DETR's own checks decline its batched path (a non-finite box or cost), the criterion matches each layer with
-RF-DETR's ``forward``, whose solve is the op too. The first batched call of each kind in a process also computes the
-costs RF-DETR's own way and compares them bit for bit; a kind that differs runs RF-DETR's own ``_match_many`` (its
-solves on the op) from then on, said once.
+Where RF-DETR's own checks fail, the layers go where RF-DETR sends them (each layer's ``forward``, whose solve is the
+op too). The first call of each kind of detection step in a process also computes the costs RF-DETR's own way and
+compares them bit for bit; a kind that differs has RF-DETR compute its costs from then on (the solves still on the
+op), said once.
 
     from lucid_assign.integrations import rfdetr as lucid_rfdetr
     lucid_rfdetr.patch()   # before RFDETRSmall().train(...); unpatch() restores RF-DETR's own
