@@ -112,6 +112,33 @@ def test_a_rank_launched_as_the_peer_launches_it_is_patched(integ, tmp_path, mon
     assert (tmp_path / "runs" / "rank" / "weights" / "last.pt").exists()
 
 
+def test_every_rank_of_the_peer_rtdetr_launch_is_patched(integ, tmp_path, monkeypatch, capfd):
+    """RTDETR(...).train() through the peer's multi-GPU launch (two ranks on the CPU, tests/launched_trainer.py): each
+    rank patches itself with the backend chosen here, its RT-DETR matcher runs lucid-assign's kernel, and every
+    matcher call of every rank equals the peer's own on the same inputs."""
+    import re
+
+    from ultralytics import RTDETR
+
+    from launched_trainer import LaunchedRTDETRTrainer
+
+    data = write_yolo_dataset(tmp_path / "data", images=4, obb=False)
+    monkeypatch.setenv("LUCID_ASSIGN_VERBOSE", "1")
+    monkeypatch.setenv("LUCID_TEST_CHECK_MATCHER", "1")
+    integ.patch("kernel")
+    model = RTDETR("rtdetr-l.yaml")
+    model.train(trainer=LaunchedRTDETRTrainer, data=data, project=str(tmp_path / "runs"), name="rtdetr", **TRAIN)
+    err = capfd.readouterr().err
+    for rank in range(2):
+        lines = [ln for ln in err.splitlines() if f"lucid-assign [rank {rank}, pid" in ln]
+        assert any("patched ultralytics" in ln and "(backend 'kernel')" in ln for ln in lines), err[-3000:]
+        assert any("HungarianMatcher ran lucid-assign's kernel on cpu" in ln for ln in lines), err[-3000:]
+        found = re.search(rf"lucid-assign-check rank {rank}: (\d+) matcher calls, (\d+) the same as the peer's own",
+                          err)
+        assert found and int(found.group(1)) == int(found.group(2)) > 0, err[-3000:]
+    assert (tmp_path / "runs" / "rtdetr" / "weights" / "last.pt").exists()
+
+
 def test_a_plain_cli_log_says_that_the_patch_took_effect(library, peer_tal, tmp_path):
     """Without LUCID_ASSIGN_VERBOSE the peer's own log (its logger) holds one line, once, that names lucid-assign's
     version and the backend that ran, which LUCID_ASSIGN_BACKEND overrides."""
