@@ -55,7 +55,7 @@ class PatchState:
     def verbose(self, message: str) -> None:
         """With LUCID_ASSIGN_VERBOSE=1: the message on stderr with the process (and the rank of a multi-GPU run)."""
         if os.environ.get(VERBOSE_ENV, "0") not in ("", "0"):
-            rank = os.environ.get("RANK")
+            rank = _rank()
             where = f"rank {rank}, " if rank is not None else ""
             print(f"lucid-assign [{where}pid {os.getpid()}]: {message}", file=sys.stderr, flush=True)
 
@@ -65,6 +65,15 @@ class PatchState:
         if not self.announced:
             self.announced = True
             self._logger().info(f"lucid-assign {version}: {self.patched_words}; the first call: {first_call}")
+
+
+def _rank():
+    """This process's rank in a multi-process run: its process group's (Lightning's ranks, say), else RANK (torchrun
+    sets it before the group exists), else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return str(dist.get_rank())
+    return os.environ.get("RANK")
 
 
 @contextlib.contextmanager
