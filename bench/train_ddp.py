@@ -2,10 +2,12 @@
 
     python bench/train_ddp.py                       # 2 GPUs: yolo26n-obb at 1024 px, 256 images of 100-300 objects
     python bench/train_ddp.py --devices 0,1,2,3 --epochs 3 --cli
+    python bench/train_ddp.py --task rtdetr         # 2 GPUs: the peer's rtdetr-l at 640 px, 80 classes
 
 Writes a synthetic DOTA-like dataset (noise images, rotated objects; nothing downloaded), then trains
 ``YOLO("yolo26n-obb.yaml").train(device=[...])`` twice, each in a process of its own: unpatched, and after
-``lucid_assign.integrations.ultralytics.patch()``. The peer launches one process per GPU with torch.distributed.run;
+``lucid_assign.integrations.ultralytics.patch()`` (``--task rtdetr``: ``RTDETR("rtdetr-l.yaml")``, whose loss calls
+the patched matcher in every rank, on axis-aligned objects). The peer launches one process per GPU with torch.distributed.run;
 with ``LUCID_ASSIGN_VERBOSE=1`` every patched process says that it patched itself and what each assigner's first
 call ran, and on which device: that is the per-rank evidence. Epoch times come from the trainer's results.csv (its
 cumulative time column): the first epoch includes the start, the last one the final validation, the ones between
@@ -32,10 +34,10 @@ def train(args, variant: str) -> None:
         from lucid_assign.integrations import ultralytics as integ
 
         integ.patch(args.backend)
-    from ultralytics import YOLO
+    from ultralytics import RTDETR, YOLO
 
     amp = {"false": False, "true": True}.get(args.amp.lower(), args.amp)
-    YOLO(args.model).train(data=args.data, device=args.devices, epochs=args.epochs, imgsz=args.imgsz,
+    (RTDETR if args.task == "rtdetr" else YOLO)(args.model).train(data=args.data, device=args.devices, epochs=args.epochs, imgsz=args.imgsz,
                            batch=args.batch, workers=args.workers, plots=False, val=False, amp=amp, seed=0,
                            project=args.project, name=variant, exist_ok=True)
 
@@ -53,9 +55,10 @@ def evidence(log: str) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", default="0,1", help="GPU indices, as the peer's device= takes them")
-    p.add_argument("--model", default="yolo26n-obb.yaml")
+    p.add_argument("--task", choices=("obb", "rtdetr"), default="obb")
+    p.add_argument("--model", default=None, help="default: yolo26n-obb.yaml; rtdetr-l.yaml with --task rtdetr")
     p.add_argument("--images", type=int, default=256)
-    p.add_argument("--imgsz", type=int, default=1024)
+    p.add_argument("--imgsz", type=int, default=None, help="default: 1024; 640 with --task rtdetr")
     p.add_argument("--objects", type=int, nargs=2, default=(100, 300), metavar=("LOW", "HIGH"))
     p.add_argument("--batch", type=int, default=16, help="total batch over the GPUs")
     p.add_argument("--epochs", type=int, default=3)
@@ -68,6 +71,9 @@ def main() -> int:
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--project", help=argparse.SUPPRESS)
     args = p.parse_args()
+    rtdetr = args.task == "rtdetr"
+    args.model = args.model or ("rtdetr-l.yaml" if rtdetr else "yolo26n-obb.yaml")
+    args.imgsz = args.imgsz or (640 if rtdetr else 1024)
     if args.run:
         train(args, args.run)
         return 0
@@ -77,12 +83,13 @@ def main() -> int:
     folder = args.folder or tempfile.mkdtemp(prefix="lucid-ddp-")
     t = time.time()
     data = write_yolo_dataset(os.path.join(folder, "data"), images=args.images, img_size=args.imgsz,
-                              num_classes=15, objects=tuple(args.objects), obb=True, seed=0, image_ext="jpg")
+                              num_classes=80 if rtdetr else 15, objects=tuple(args.objects), obb=not rtdetr, seed=0,
+                              image_ext="jpg")
     print(f"dataset: {args.images} images at {args.imgsz} px, {args.objects[0]}-{args.objects[1]} objects each, "
           f"written in {time.time() - t:.1f} s to {data}", flush=True)
     project = os.path.join(folder, "runs")
     env = dict(os.environ, LUCID_ASSIGN_VERBOSE="1")
-    base = [sys.executable, os.path.abspath(__file__), "--data", data, "--project", project, "--devices",
+    base = [sys.executable, os.path.abspath(__file__), "--task", args.task, "--data", data, "--project", project, "--devices",
             args.devices, "--model", args.model, "--imgsz", str(args.imgsz), "--batch", str(args.batch), "--epochs",
             str(args.epochs), "--workers", str(args.workers), "--backend", args.backend, "--amp", args.amp]
     rows = []
@@ -96,7 +103,7 @@ def main() -> int:
         for who, lines in sorted(evidence(out.stderr).items()):
             for line in dict.fromkeys(lines):
                 print(f"  {who}: {line}")
-    if args.cli:
+    if args.cli and not rtdetr:
         cmd = [sys.executable, "-m", "lucid_assign", "yolo", "obb", "train", f"data={data}", f"model={args.model}",
                f"device={args.devices}", "epochs=1", f"imgsz={args.imgsz}", f"batch={args.batch}",
                f"workers={args.workers}", "plots=False", "val=False", f"amp={args.amp}", f"project={project}", "name=cli",
