@@ -434,3 +434,22 @@ def test_every_rank_of_a_lightning_ddp_run_is_patched(library):
         found = re.search(rf"lucid-assign-check rank {rank}: (\d+) matcher calls, (\d+) the same as RF-DETR's own; "
                           r"patched True; world size 2", out.stderr)
         assert found and int(found.group(1)) == int(found.group(2)) > 0, out.stderr[-3000:]
+
+
+def test_a_spawned_process_that_unpickles_a_patched_matcher_is_patched(library):
+    """Lightning's spawn-based DDP (RF-DETR's strategy in notebooks) pickles the criterion into fresh processes, which
+    import rfdetr unpatched: a matcher pickled while patched patches the process that unpickles it (with the same
+    backend), so that no rank silently runs RF-DETR's own matcher; unpatched, a matcher pickles as RF-DETR's own."""
+    import multiprocessing
+    import pickle
+
+    from spawned_matcher import report
+
+    m = Matcher(cost_bbox=7)
+    with lr.patched("reference"):
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            assert pool.apply(report, (m,)) == (True, True, "reference", True, 7)
+        assert type(pickle.loads(pickle.dumps(m))) is Matcher
+    assert "__reduce_ex__" not in vars(Matcher)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        assert pool.apply(report, (m,)) == (True, False, "auto", False, 7)

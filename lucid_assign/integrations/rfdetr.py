@@ -355,6 +355,21 @@ def _match_many(self, outputs_list, targets, group_detr=1, target_side_safety=No
 # --- patch ------------------------------------------------------------------------------------------------------------
 
 
+def _reduce_ex(self, protocol):
+    """How pickle takes a matcher while patched: as RF-DETR's own, rebuilt by _rebuilt, which first patches the process
+    that unpickles it. Lightning's spawn-based DDP (RF-DETR's notebook strategy) pickles the criterion, its matcher
+    with it, into fresh processes that import rfdetr unpatched: so each of them is patched too, with this backend."""
+    rebuild, args, *rest = object.__reduce_ex__(self, protocol)
+    return (_rebuilt, (STATE.backend, rebuild, args), *rest)
+
+
+def _rebuilt(backend: str, rebuild, args):
+    if STATE.originals is None:
+        patch(backend)
+        STATE.verbose(f"patched RF-DETR (backend {backend!r}) in a process that unpickled a patched matcher")
+    return rebuild(*args)
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -390,10 +405,12 @@ def patch(backend: str = "auto") -> None:
             else:
                 originals = {(cls, "_match_many"): vars(cls)["_match_many"],
                              (cls, "_assign_compact_cost_matrix"): vars(cls)["_assign_compact_cost_matrix"],
-                             (assignment, "assign_many_bucketed"): assignment.assign_many_bucketed}
+                             (assignment, "assign_many_bucketed"): assignment.assign_many_bucketed,
+                             (cls, "__reduce_ex__"): vars(cls).get("__reduce_ex__")}  # None: inherited
                 cls._match_many = _match_many
                 cls._assign_compact_cost_matrix = staticmethod(_assign_compact_cost_matrix)
                 assignment.assign_many_bucketed = assign_many_bucketed
+                cls.__reduce_ex__ = _reduce_ex
                 STATE.report["HungarianMatcher"] = "patched"
         STATE.originals, STATE.backend = originals, backend
 
@@ -402,7 +419,10 @@ def unpatch() -> None:
     """Restore RF-DETR's own matcher."""
     with STATE.lock:
         for (owner, name), obj in (STATE.originals or {}).items():
-            setattr(owner, name, obj)
+            if obj is None:  # inherited before patch()
+                delattr(owner, name)
+            else:
+                setattr(owner, name, obj)
         STATE.originals = None
 
 
