@@ -6,12 +6,13 @@
 
 Writes a synthetic DOTA-like dataset (noise images, rotated objects; nothing downloaded), then trains
 ``YOLO("yolo26n-obb.yaml").train(device=[...])`` twice, each in a process of its own: unpatched, and after
-``lucid_assign.integrations.ultralytics.patch()`` (``--task rtdetr``: ``RTDETR("rtdetr-l.yaml")``, whose loss calls
-the patched matcher in every rank, on axis-aligned objects). The peer launches one process per GPU with torch.distributed.run;
-with ``LUCID_ASSIGN_VERBOSE=1`` every patched process says that it patched itself and what each assigner's first
-call ran, and on which device: that is the per-rank evidence. Epoch times come from the trainer's results.csv (its
-cumulative time column): the first epoch includes the start, the last one the final validation, the ones between
-are clean. ``--cli`` also trains through ``lucid-assign yolo obb train ...`` (one epoch) and shows its evidence.
+``lucid_assign.integrations.ultralytics.patch()`` (``--task rtdetr``: ``RTDETR("rtdetr-l.yaml")``, whose loss calls the
+patched matcher in every rank, on axis-aligned objects). The peer launches one process per GPU with
+torch.distributed.run; with ``LUCID_ASSIGN_VERBOSE=1`` every patched process says that it patched itself and what each
+assigner's first call ran, and on which device: that is the per-rank evidence. Epoch times come from the trainer's
+results.csv (its cumulative time column): the first epoch includes the start, the last one the final validation, the
+ones between are clean. ``--cli`` also trains through ``lucid-assign yolo obb train ...`` (one epoch) and shows its
+evidence.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def train(args, variant: str) -> None:
     from ultralytics import RTDETR, YOLO
 
     amp = {"false": False, "true": True}.get(args.amp.lower(), args.amp)
-    (RTDETR if args.task == "rtdetr" else YOLO)(args.model).train(data=args.data, device=args.devices, epochs=args.epochs, imgsz=args.imgsz,
-                           batch=args.batch, workers=args.workers, plots=False, val=False, amp=amp, seed=0,
-                           project=args.project, name=variant, exist_ok=True)
+    model = (RTDETR if args.task == "rtdetr" else YOLO)(args.model)
+    model.train(data=args.data, device=args.devices, epochs=args.epochs, imgsz=args.imgsz, batch=args.batch,
+                workers=args.workers, plots=False, val=False, amp=amp, seed=0, project=args.project, name=variant,
+                exist_ok=True)
 
 
 def evidence(log: str) -> dict:
@@ -89,7 +91,8 @@ def main() -> int:
           f"written in {time.time() - t:.1f} s to {data}", flush=True)
     project = os.path.join(folder, "runs")
     env = dict(os.environ, LUCID_ASSIGN_VERBOSE="1")
-    base = [sys.executable, os.path.abspath(__file__), "--task", args.task, "--data", data, "--project", project, "--devices",
+    base = [sys.executable, os.path.abspath(__file__), "--task", args.task, "--data", data, "--project", project,
+            "--devices",
             args.devices, "--model", args.model, "--imgsz", str(args.imgsz), "--batch", str(args.batch), "--epochs",
             str(args.epochs), "--workers", str(args.workers), "--backend", args.backend, "--amp", args.amp]
     rows = []

@@ -3,18 +3,18 @@
     python bench/train_step_rfdetr.py                        # GPU: RF-DETR Small, Base and Medium, batch 4, bf16
     python bench/train_step_rfdetr.py --out docs/bench-step-rfdetr.json   # and the record the README's figures use
     python bench/train_step_rfdetr.py --variant small --objects 50
-    python bench/train_step_rfdetr.py --device cpu --variant small --imgsz 128 --batch 2 --objects 5 --steps 2 --warmup 1
+    python bench/train_step_rfdetr.py --device cpu --variant small --imgsz 128 --batch 2 --objects 5 --steps 2
 
 Each model is built from its rfdetr config (RFDETRSmallConfig, RFDETRBaseConfig, RFDETRMediumConfig; 90 classes, no
-weights: none is loaded or fetched) at its own resolution (512, 560 and 576 px) unless --imgsz says otherwise, with its training defaults: 300
-queries in 13 groups, two-stage, auxiliary losses. A step is what RF-DETR's trainer does under bf16-mixed: the forward
-pass and the criterion (which matches the final, auxiliary and encoder layers) under bf16 autocast, the weighted loss,
-backward and an AdamW step, on DOTA-like axis-aligned objects (lucid_assign.synthetic). Its own matcher solves with
-torch-linear-assignment on CUDA (pip install torch-hungarian: RF-DETR's train extra) and SciPy on the CPU. Both
-variants are built from one seed and their steps alternate. It reports the median step time and, from separate
-instrumented steps, the matching's time: each matcher call of the criterion (its _match_many, and each layer's forward
-where that declines) timed between two device synchronisations (its host and GPU work, overlapped with nothing: an
-upper bound of its cost in the step), and its share of the step.
+weights: none is loaded or fetched) at its own resolution (512, 560 and 576 px) unless --imgsz says otherwise, with its
+training defaults: 300 queries in 13 groups, two-stage, auxiliary losses. A step is what RF-DETR's trainer does under
+bf16-mixed: the forward pass and the criterion (which matches the final, auxiliary and encoder layers) under bf16
+autocast, the weighted loss, backward and an AdamW step, on DOTA-like axis-aligned objects (lucid_assign.synthetic). Its
+own matcher solves with torch-linear-assignment on CUDA (pip install torch-hungarian: RF-DETR's train extra) and SciPy
+on the CPU. Both variants are built from one seed and their steps alternate. It reports the median step time and, from
+separate instrumented steps, the matching's time: each matcher call of the criterion (its _match_many, and each layer's
+forward where that declines) timed between two device synchronisations (its host and GPU work, overlapped with nothing:
+an upper bound of its cost in the step), and its share of the step.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ own (SciPy, its CPU path) on the same inputs and says on stderr what ran and how
     lucid-assign-check rank R: N matcher calls, N the same as RF-DETR's own; patched True; world size 2
 
     python tests/ddp_rfdetr_lightning.py
+    python tests/ddp_rfdetr_lightning.py --cuda   # two GPUs, NCCL
 """
 
 import os
@@ -39,7 +40,8 @@ class Images(torch.utils.data.Dataset):
         self.items = []
         for i in range(8):
             n = 1 + i % 4
-            boxes = torch.cat([0.2 + 0.6 * torch.rand(n, 2, generator=g), 0.05 + 0.3 * torch.rand(n, 2, generator=g)], 1)
+            centres, sides = 0.2 + 0.6 * torch.rand(n, 2, generator=g), 0.05 + 0.3 * torch.rand(n, 2, generator=g)
+            boxes = torch.cat([centres, sides], 1)
             self.items.append((torch.rand(3, SIDE, SIDE, generator=g),
                                {"boxes": boxes, "labels": torch.randint(0, CLASSES, (n,), generator=g)}))
 
@@ -99,12 +101,13 @@ def checked(calls: list):
     HungarianMatcher._match_many = match_many
 
 
-def main():
+def main(cuda: bool = False):
     lr.patch()
     calls: list = []
     checked(calls)
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_find_unused_parameters_true", max_steps=3, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(accelerator="gpu" if cuda else "cpu", devices=2, strategy="ddp_find_unused_parameters_true",
+                         max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
     loader = torch.utils.data.DataLoader(Images(), batch_size=2, collate_fn=collate)
     trainer.fit(Module(), loader)
     print(f"lucid-assign-check rank {trainer.global_rank}: {len(calls)} matcher calls, {sum(calls)} the same as "
@@ -113,4 +116,4 @@ def main():
 
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    main()
+    main("--cuda" in sys.argv[1:])

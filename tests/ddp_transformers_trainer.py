@@ -6,6 +6,7 @@ the same inputs (SciPy on the host). Each rank says on stderr what ran and how m
     lucid-assign-check rank R: N matcher calls, N the same as transformers' own; patched True
 
     python -m torch.distributed.run --nproc_per_node 2 tests/ddp_transformers_trainer.py OUTPUT_DIR
+    python -m torch.distributed.run --nproc_per_node 2 tests/ddp_transformers_trainer.py OUTPUT_DIR --cuda  # NCCL
 """
 
 import os
@@ -28,7 +29,8 @@ class Images(torch.utils.data.Dataset):
         self.items = []
         for i in range(IMAGES):
             n = i % 5
-            boxes = torch.cat([0.2 + 0.6 * torch.rand(n, 2, generator=g), 0.05 + 0.3 * torch.rand(n, 2, generator=g)], 1)
+            centres, sides = 0.2 + 0.6 * torch.rand(n, 2, generator=g), 0.05 + 0.3 * torch.rand(n, 2, generator=g)
+            boxes = torch.cat([centres, sides], 1)
             self.items.append({"pixel_values": torch.rand(3, SIDE, SIDE, generator=g),
                                "labels": {"class_labels": torch.randint(0, 4, (n,), generator=g), "boxes": boxes}})
 
@@ -57,7 +59,7 @@ def checked(cls, calls: list):
     cls.forward = forward
 
 
-def main(output_dir: str):
+def main(output_dir: str, cuda: bool = False):
     lt.patch()
     calls: list = []
     checked(loss_for_object_detection.HungarianMatcher, calls)
@@ -67,8 +69,8 @@ def main(output_dir: str):
         out_features=["stage4"]), encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, d_model=16, num_queries=6, num_labels=4,
         auxiliary_loss=True)
-    args = tf.TrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, max_steps=3, use_cpu=True,
-                                ddp_backend="gloo", ddp_find_unused_parameters=True, report_to=[],
+    args = tf.TrainingArguments(output_dir=output_dir, per_device_train_batch_size=2, max_steps=3, use_cpu=not cuda,
+                                ddp_backend="nccl" if cuda else "gloo", ddp_find_unused_parameters=True, report_to=[],
                                 save_strategy="no", logging_strategy="no", dataloader_num_workers=0,
                                 remove_unused_columns=False)
     trainer = tf.Trainer(model=tf.DetrForObjectDetection(config), args=args, train_dataset=Images(),
@@ -80,4 +82,4 @@ def main(output_dir: str):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--cuda" in sys.argv[2:])
