@@ -1,5 +1,5 @@
 """What the bench scripts share: a logged run and the trainer's results.csv (those that train in child processes),
-and one call timed from an idle device (those that time single calls)."""
+one call timed from an idle device (those that time single calls), and a DETR trainer's synthetic batch."""
 
 from __future__ import annotations
 
@@ -46,3 +46,19 @@ def timed(fn, device):
     t1 = time.perf_counter()
     sync(device)
     return t1 - t0, time.perf_counter() - t0
+
+
+def detr_batch(size: int, imgsz: int, objects: int, seed: int, device, classes: int, label_key: str):
+    """Random images and a DETR trainer's targets for them, DOTA-like axis-aligned objects (lucid_assign.synthetic):
+    per image its classes (under ``label_key``) and normalised cx cy w h boxes."""
+    from lucid_assign.synthetic import dota_like_batch
+
+    s = dota_like_batch(batch=size, img_size=imgsz, num_classes=classes, objects=objects, obb=False, seed=seed)
+    targets = []
+    for b in range(size):
+        keep = s["mask_gt"][b, :, 0].bool()
+        x1y1, x2y2 = s["gt_bboxes"][b][keep].split(2, -1)
+        boxes = (torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), -1) / imgsz).clamp(0, 1)
+        targets.append({label_key: s["gt_labels"][b][keep][:, 0].long().to(device), "boxes": boxes.to(device)})
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(size, 3, imgsz, imgsz, generator=g).to(device), targets

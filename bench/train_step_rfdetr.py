@@ -33,9 +33,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runs import sync  # noqa: E402
+from _runs import detr_batch, sync  # noqa: E402
 from lucid_assign.integrations import rfdetr as lr  # noqa: E402
-from lucid_assign.synthetic import dota_like_batch  # noqa: E402
 
 VARIANTS = {"small": "RFDETRSmallConfig", "base": "RFDETRBaseConfig", "medium": "RFDETRMediumConfig"}
 CLASSES = 90
@@ -61,19 +60,6 @@ def build(variant: str, imgsz: int | None, device):
         criterion, _ = build_criterion_from_config(config, train)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=1e-4)
     return model, criterion.to(device).train(), opt, config.resolution
-
-
-def batch(size: int, imgsz: int, objects: int, seed: int, device):
-    """Images and RF-DETR's targets: per image its labels and normalised cx cy w h boxes."""
-    s = dota_like_batch(batch=size, img_size=imgsz, num_classes=CLASSES, objects=objects, obb=False, seed=seed)
-    targets = []
-    for b in range(size):
-        keep = s["mask_gt"][b, :, 0].bool()
-        x1y1, x2y2 = s["gt_bboxes"][b][keep].split(2, -1)
-        boxes = (torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), -1) / imgsz).clamp(0, 1)
-        targets.append({"labels": s["gt_labels"][b][keep][:, 0].long().to(device), "boxes": boxes.to(device)})
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(size, 3, imgsz, imgsz, generator=g).to(device), targets
 
 
 def step(model, criterion, opt, images, targets, device):
@@ -127,7 +113,7 @@ def measure(args, variant: str, objects: int) -> list:
     for patched in (False, True):
         model, criterion, opt, imgsz = build(variant, args.imgsz, device)
         runs.append(dict(patched=patched, model=model, criterion=criterion, opt=opt, times=[]))
-    batches = [batch(args.batch, imgsz, objects, seed, device) for seed in range(3)]
+    batches = [detr_batch(args.batch, imgsz, objects, seed, device, CLASSES, "labels") for seed in range(3)]
     contexts = {False: contextlib.nullcontext, True: lambda: lr.patched("kernel")}
 
     def one(r, i):

@@ -29,9 +29,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runs import sync  # noqa: E402
+from _runs import detr_batch, sync  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
-from lucid_assign.synthetic import dota_like_batch  # noqa: E402
 
 FAMILIES = {"rt-detr": "RTDetrHungarianMatcher", "deformable-detr": "DeformableDetrHungarianMatcher",
             "detr": "HungarianMatcher", "lw-detr": "LwDetrHungarianMatcher"}
@@ -56,19 +55,6 @@ def build(family: str, device):
         model = tf.DeformableDetrForObjectDetection(config)
     model.to(device).train()
     return model, torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
-
-
-def batch(size: int, imgsz: int, objects: int, seed: int, device):
-    """Images and the labels the image processors give: per image its classes and normalised cx cy w h boxes."""
-    s = dota_like_batch(batch=size, img_size=imgsz, num_classes=80, objects=objects, obb=False, seed=seed)
-    labels = []
-    for b in range(size):
-        keep = s["mask_gt"][b, :, 0].bool()
-        x1y1, x2y2 = s["gt_bboxes"][b][keep].split(2, -1)
-        boxes = (torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), -1) / imgsz).clamp(0, 1)
-        labels.append({"class_labels": s["gt_labels"][b][keep][:, 0].long().to(device), "boxes": boxes.to(device)})
-    g = torch.Generator().manual_seed(seed)
-    return torch.rand(size, 3, imgsz, imgsz, generator=g).to(device), labels
 
 
 def step(model, opt, images, labels, device):
@@ -103,7 +89,7 @@ def timed_matcher(name: str, device, spans: list):
 
 def measure(args, objects: int) -> list:
     device = args.device
-    batches = [batch(args.batch, args.imgsz, objects, seed, device) for seed in range(3)]
+    batches = [detr_batch(args.batch, args.imgsz, objects, seed, device, 80, "class_labels") for seed in range(3)]
     runs = []
     for patched in (False, True):
         model, opt = build(args.family, device)

@@ -417,23 +417,11 @@ def test_every_rank_of_a_lightning_ddp_run_is_patched(library):
     CPU, gloo; tests/ddp_rfdetr_lightning.py): Lightning starts the second rank by running the script again, whose
     patch() patches it; every rank's matcher runs lucid-assign's kernel (said once a rank with LUCID_ASSIGN_VERBOSE=1,
     with its rank) and every call equals RF-DETR's own on the same inputs."""
-    import re
-    import subprocess
+    from ranks import ROOT, run_ranks
 
     pytest.importorskip("pytorch_lightning")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, LUCID_ASSIGN_VERBOSE="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    env.pop("MASTER_PORT", None)
-    out = subprocess.run([sys.executable, os.path.join(root, "tests", "ddp_rfdetr_lightning.py")], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    for rank in range(2):
-        assert re.search(rf"lucid-assign \[rank {rank}, pid \d+\]: RF-DETR's matcher \(batched\) matches on cpu with "
-                         "lucid-assign's kernel", out.stderr), out.stderr[-3000:]
-        found = re.search(rf"lucid-assign-check rank {rank}: (\d+) matcher calls, (\d+) the same as RF-DETR's own; "
-                          r"patched True; world size 2", out.stderr)
-        assert found and int(found.group(1)) == int(found.group(2)) > 0, out.stderr[-3000:]
+    run_ranks([os.path.join(ROOT, "tests", "ddp_rfdetr_lightning.py")],
+              r"RF-DETR's matcher \(batched\) matches on cpu with lucid-assign's kernel", "RF-DETR's own")
 
 
 def test_a_spawned_process_that_unpickles_a_patched_matcher_is_patched(library):

@@ -458,25 +458,14 @@ def test_every_rank_of_a_torchrun_trainer_is_patched(tmp_path, library):
     script's patch() patches its rank, every rank's matcher runs lucid-assign's kernel (said once a rank with
     LUCID_ASSIGN_VERBOSE=1), and every matcher call of every rank equals transformers' own on the same inputs."""
     import os
-    import re
     import socket
-    import subprocess
-    import sys
+
+    from ranks import ROOT, run_ranks
 
     pytest.importorskip("accelerate")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, LUCID_ASSIGN_VERBOSE="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(port), os.path.join(root, "tests", "ddp_transformers_trainer.py"), str(tmp_path)],
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    for rank in range(2):
-        assert re.search(rf"lucid-assign \[rank {rank}, pid \d+\]: transformers' HungarianMatcher matches on cpu with "
-                         "lucid-assign's kernel", out.stderr), out.stderr[-3000:]
-        found = re.search(rf"lucid-assign-check rank {rank}: (\d+) matcher calls, (\d+) the same as transformers' own; "
-                          r"patched True; world size 2", out.stderr)
-        assert found and int(found.group(1)) == int(found.group(2)) > 0, out.stderr[-3000:]
+    run_ranks(["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+               os.path.join(ROOT, "tests", "ddp_transformers_trainer.py"), str(tmp_path)],
+              "transformers' HungarianMatcher matches on cpu with lucid-assign's kernel", "transformers' own")
