@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step_transformers as ts  # noqa: E402
+from _runs import detr_batch  # noqa: E402
 from lucid_assign import lsap  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
 
@@ -50,7 +51,7 @@ def steps(cost: torch.Tensor) -> int:
 def matcher_costs(batch: int, imgsz: int, objects: int, seed: int) -> list:
     """Each matcher call's (cost, object counts) in one loss of the model, in the loss's order."""
     model, _ = ts.build("rt-detr", "cpu")
-    images, labels = ts.batch(batch, imgsz, objects, seed, "cpu")
+    images, labels = detr_batch(batch, imgsz, objects, seed, "cpu", 80, "class_labels")
     calls = []
     problems = lt._problems
 
