@@ -222,7 +222,7 @@ def _as_theirs(cost: torch.Tensor, sizes: list, layers: int) -> list:
     return [torch.cat([cost[k * images + b, :, :n] for b, n in enumerate(sizes)], dim=-1) for k in range(layers)]
 
 
-def _their_costs(m, mod, outputs_list, targets, groups, safety, route: str, stacks: bool) -> list:
+def _their_costs(m, outputs_list, targets, groups, safety, route: str, stacks: bool) -> list:
     """Each layer's (queries, sum(sizes)) cost as RF-DETR computes it: its _match_many's ("batched"), or its
     forward's (taken)."""
     if route == "layers":
@@ -297,7 +297,7 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
     kind = (device.type, route, stacks if device.type == "cpu" else None,
             tuple((o["pred_logits"].dtype, o["pred_boxes"].dtype) for o in outputs_list), objects.dtype)
     if kind not in _verified:  # once per kind of call: our costs against RF-DETR's own
-        theirs = _their_costs(m, mod, outputs_list, targets, groups, safety, route, stacks)
+        theirs = _their_costs(m, outputs_list, targets, groups, safety, route, stacks)
         same = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(_as_theirs(cost, sizes, layers), theirs))
         _verified[kind] = same
         if not same:
