@@ -2,6 +2,9 @@
 matches (SciPy's), the same loss values, bit for bit, on each device; what patch() does without SciPy; patch and
 unpatch hygiene. The releases' variants of the matcher are checked in tests/test_peer_releases.py."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -144,11 +147,50 @@ def test_without_scipy_the_matcher_is_left_to_the_peer(integ, monkeypatch):
     original = loss.HungarianMatcher
     monkeypatch.setattr(ultralytics_detr, "peer_solver_is_scipy", lambda: False)
     monkeypatch.setattr(integ.STATE, "said", set())
+    integ.patch()  # the matcher's check waits for the first matcher built
     with pytest.warns(integ.FallbackWarning, match="HungarianMatcher is left to ultralytics .*NumPy solver"):
-        integ.patch()
+        first = loss.HungarianMatcher()
+    assert first.variant is None  # it hands every call to the peer's own matcher
+    inputs = matcher_inputs("cpu")
+    assert same_matches(first(*inputs), original()(*inputs))
     assert loss.HungarianMatcher is original
     assert any(line.startswith("HungarianMatcher: left to ultralytics") for line in integ.patch_report())
     assert any(line.startswith("TaskAlignedAssigner: patched") for line in integ.patch_report())
+
+
+def test_the_matchers_check_waits_for_the_first_matcher(integ, monkeypatch):
+    """patch() does not check the RT-DETR matcher (SciPy's import and the peer's matcher: a cost at the start of
+    every fit, and a YOLO fit never builds one); the first matcher built runs the check, once."""
+    calls = []
+    check = integ.check_matcher_of_peer
+    monkeypatch.setattr(integ, "check_matcher_of_peer", lambda: calls.append(1) or check())
+    from ultralytics.models.utils import loss
+
+    integ.patch()
+    assert not calls
+    loss.HungarianMatcher()
+    loss.HungarianMatcher()
+    assert len(calls) == 1
+    assert "HungarianMatcher: patched (padded cost, widened to float32, non-finite costs to 0)" in integ.patch_report()
+    integ.unpatch()
+    integ.patch()
+    assert len(calls) == 1 and "HungarianMatcher: patched" in " ".join(integ.patch_report())  # the report checks
+    assert len(calls) == 2
+
+
+def test_patch_leaves_scipy_unimported(library):
+    """What patch() adds to a YOLO fit's start: no SciPy (a third of a second or more to import), which such a fit
+    never imports itself."""
+    code = ("import sys, ultralytics, ultralytics.utils.loss\n"
+            "from lucid_assign.integrations import ultralytics as integ\n"
+            "integ.patch()\n"
+            "print('scipy.optimize' in sys.modules)\n"
+            "from ultralytics.models.utils.loss import HungarianMatcher\n"
+            "HungarianMatcher()\n"
+            "print('scipy.optimize' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_unpatch_restores_the_matcher(integ):

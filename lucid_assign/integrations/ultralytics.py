@@ -51,7 +51,7 @@ from ._patching import ULTRALYTICS as STATE
 from ._peer import TESTED_RANGE, accepted as _accepted, find_peer as _peer
 from .ultralytics_check import check_peer, self_check
 from .ultralytics_ddp import rank_patched
-from .ultralytics_detr import NAME as MATCHER, LucidHungarianMatcher, check_matcher, matcher_modules
+from .ultralytics_detr import NAME as MATCHER, PENDING, LucidHungarianMatcher, check_matcher, matcher_modules
 
 __all__ = ["FallbackWarning", "LucidHungarianMatcher", "LucidPoseTaskAlignedAssigner",
            "LucidRotatedTaskAlignedAssigner", "LucidSegTaskAlignedAssigner", "LucidTaskAlignedAssigner",
@@ -206,7 +206,7 @@ def check_matcher_of_peer():
     """(variant, why) of check_matcher for the installed peer's HungarianMatcher, or None when it has none (no RT-DETR
     in the release, or its module does not import)."""
     modules = matcher_modules()
-    return check_matcher(getattr(modules[0], MATCHER)) if modules else None
+    return check_matcher(STATE.original(MATCHER) or getattr(modules[0], MATCHER)) if modules else None
 
 
 def effective_backend() -> str:
@@ -250,15 +250,11 @@ def patch(backend: str = "auto") -> None:
         _rules = rules
         _left = {name: why for name, (r, why) in found.items() if r is None}
         originals = {(m.__name__, n): getattr(m, n) for m in peer.losses for n in rules if hasattr(m, n)}
-        matcher = check_matcher_of_peer()
-        if matcher is not None:
-            variant, why = matcher
-            LucidHungarianMatcher.variant = variant
-            if variant is None:
-                _left[MATCHER] = why
-            else:
-                _rules[MATCHER] = describe_variant(variant)
-                originals.update({(m.__name__, MATCHER): getattr(m, MATCHER) for m in matcher_modules()})
+        modules = matcher_modules()
+        if modules:  # its check waits for the first matcher built (_settle_matcher): a YOLO fit never builds one
+            LucidHungarianMatcher.variant = PENDING
+            _rules[MATCHER] = "its cost variant is checked when the first one is built"
+            originals.update({(m.__name__, MATCHER): getattr(m, MATCHER) for m in modules})
         if callable(getattr(peer.dist, "generate_ddp_file", None)):
             originals[(peer.dist.__name__, "generate_ddp_file")] = peer.dist.generate_ddp_file
         STATE.originals = originals
@@ -273,12 +269,34 @@ def patch(backend: str = "auto") -> None:
                   f"{', '.join(f'{n} with rules {r}' for n, r in _rules.items())}")
 
 
+def _settle_matcher() -> None:
+    """The check of the peer's RT-DETR matcher (check_matcher), run when the first matcher is built while patched, or
+    by patch_report(): it imports SciPy and runs the peer's matcher, which costs a fit that never builds one (every
+    YOLO fit) a third of a second or more at its start. The matcher is lucid-assign's from then on with the variant it
+    found, or, when none reproduces the peer, the peer's again (a FallbackWarning says why)."""
+    found = check_matcher_of_peer()
+    variant, why = found if found is not None else (None, "its RT-DETR modules no longer import")
+    LucidHungarianMatcher.variant = variant
+    if variant is not None:
+        _rules[MATCHER] = describe_variant(variant)
+        STATE.verbose(f"HungarianMatcher: patched ({_rules[MATCHER]})")
+        return
+    _rules.pop(MATCHER, None)
+    _left[MATCHER] = why
+    for key in [key for key in STATE.originals if key[1] == MATCHER]:
+        setattr(sys.modules[key[0]], MATCHER, STATE.originals.pop(key))
+    STATE.say_once(f"lucid-assign: ultralytics {_peer().version}'s {MATCHER} is left to ultralytics ({why}); its "
+                   f"other assigners are patched")
+
+
 def patch_report() -> list:
     """What patch() did with each assigner of the installed release, and with its RT-DETR matcher: lines "NAME:
     patched (rule set R)" (the matcher: "patched (its cost variant)") or "NAME: left to ultralytics (why)". Empty
-    when not patched."""
+    when not patched. The matcher's check runs here if no matcher was built yet."""
     if not STATE.is_patched():
         return []
+    if LucidHungarianMatcher.variant is PENDING:
+        _settle_matcher()
     return ([f"{name}: patched ({'' if name == MATCHER else 'rule set '}{rules})" for name, rules in _rules.items()] +
             [f"{name}: left to ultralytics ({why})" for name, why in _left.items()])
 

@@ -37,6 +37,7 @@ from ._peer import first_module
 _MATCHER_MODULES = ("ultralytics.models.utils.ops", "ultralytics.vit.utils.ops")
 _DETR_LOSS_MODULES = ("ultralytics.models.utils.loss", "ultralytics.vit.utils.loss")
 NAME = "HungarianMatcher"
+PENDING = object()  # LucidHungarianMatcher.variant from patch() until the installed release's check has run
 
 
 class Variant(NamedTuple):
@@ -125,11 +126,15 @@ class LucidHungarianMatcher(torch.nn.Module):
     had set when it was built, as the patched assigners keep their rule sets: one built while patched stays
     lucid-assign's after unpatch()."""
 
-    variant: Variant | None = None  # set by patch() for the installed release; each instance takes it when built
+    variant: Variant | None = None  # found for the installed release while patched; each instance takes it when built
     backend = "auto"
 
     def __init__(self, *args, **kwargs):
         super().__init__()
+        if type(self).variant is PENDING:  # the first one built while patched: the release's check runs now
+            from .ultralytics import _settle_matcher
+
+            _settle_matcher()
         self.__dict__.update(variant=type(self).variant, backend=type(self).backend)
         peer = _peer_matcher_class()(*args, **kwargs)
         self.__dict__.update({k: v for k, v in vars(peer).items() if not k.startswith("_") and k != "training"})
