@@ -4,6 +4,7 @@ one call timed from an idle device (those that time single calls), and a DETR tr
 from __future__ import annotations
 
 import csv
+import hashlib
 import subprocess
 import time
 
@@ -31,6 +32,39 @@ def read_results(results_csv: str) -> tuple:
     total = [float(row["time"]) for row in rows]
     epochs = [b - a for a, b in zip([0.0] + total[:-1], total)]
     return epochs, {k: v for k, v in rows[-1].items() if k != "time"}
+
+
+def digest(obj) -> str:
+    """A SHA-256 of a (nested) state: every tensor's dtype, shape and bytes, every number bit for bit, dict keys in
+    sorted order. Two states with equal digests are equal byte for byte."""
+    h = hashlib.sha256()
+
+    def walk(o):
+        if isinstance(o, torch.Tensor):
+            t = o.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(o.shape)}:".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(o, dict):
+            h.update(b"{")
+            for k in sorted(o, key=repr):
+                h.update(repr(k).encode() + b":")
+                walk(o[k])
+            h.update(b"}")
+        elif isinstance(o, (list, tuple)):
+            h.update(b"[")
+            for v in o:
+                walk(v)
+            h.update(b"]")
+        elif isinstance(o, float):
+            h.update(o.hex().encode())
+        elif o is None or isinstance(o, (bool, int, str, bytes)):
+            h.update(repr(o).encode())
+        else:  # a function or another object: its kind, not its address
+            h.update(type(o).__qualname__.encode())
+        h.update(b",")
+
+    walk(obj)
+    return h.hexdigest()
 
 
 def sync(device):

@@ -380,14 +380,15 @@ def corners(box) -> list:
 
 
 def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes: int = 3, objects=(2, 6),
-                       obb: bool = True, seed: int = 0, image_ext: str = "png", counts=None) -> str:
+                       obb: bool = True, seed: int = 0, image_ext: str = "png", counts=None,
+                       val_images: int | None = None) -> str:
     """Write a synthetic dataset in the peer trainer's YOLO layout under ``folder`` and return its data YAML's path.
 
     ``images`` noise images of ``img_size`` pixels with DOTA-like objects (see dota_like_batch; corners clipped to
-    the image), labels ``cls x1 y1 x2 y2 x3 y3 x4 y4`` (OBB) or ``cls cx cy w h`` (HBB), normalised; the same images
-    serve as the validation split (``image_ext`` "png" or "jpg"). ``counts`` (one number per image) sets each image's
-    objects instead of ``objects``; the images are then drawn 16 at a time (chunk k from seed + k). Nothing is
-    downloaded. Needs OpenCV (a dependency of the peer)."""
+    the image), labels ``cls x1 y1 x2 y2 x3 y3 x4 y4`` (OBB) or ``cls cx cy w h`` (HBB), normalised (``image_ext``
+    "png" or "jpg"). The validation split is the same images, or with ``val_images`` the first that many (a list in
+    val.txt). ``counts`` (one number per image) sets each image's objects instead of ``objects``; the images are then
+    drawn 16 at a time (chunk k from seed + k). Nothing is downloaded. Needs OpenCV (a dependency of the peer)."""
     import os
 
     import cv2
@@ -425,8 +426,15 @@ def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes:
                      for k, row in zip(cls.tolist(), coords.tolist())]
             with open(os.path.join(folder, "labels", "train", f"{i:05d}.txt"), "w") as f:
                 f.write("\n".join(lines) + "\n")
+    val = "images/train"
+    if val_images is not None:
+        if not 1 <= val_images <= images:
+            raise ValueError(f"val_images: between 1 and images ({images}), got {val_images}")
+        val = "val.txt"
+        with open(os.path.join(folder, val), "w") as f:
+            f.write("".join(f"./images/train/{i:05d}.{image_ext}\n" for i in range(val_images)))
     yaml = os.path.join(folder, "data.yaml")
     names = "\n".join(f"  {k}: class{k}" for k in range(num_classes))
     with open(yaml, "w") as f:
-        f.write(f"path: {folder}\ntrain: images/train\nval: images/train\nnames:\n{names}\n")
+        f.write(f"path: {folder}\ntrain: images/train\nval: {val}\nnames:\n{names}\n")
     return yaml

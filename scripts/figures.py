@@ -121,41 +121,59 @@ def _wrap(text: str) -> list:
     return textwrap.wrap(text, 120, break_long_words=False, break_on_hyphens=False)
 
 
-def _fit_command(args: dict) -> str:
-    words = ["python bench/fit_time.py", f"--recipe {args['recipe']}", f"--pairs {args['pairs']}",
-             f"--epochs {args['epochs']}", f"--workers {args['workers']}"]
+def _fit_command(rec: dict) -> str:
+    """The command that makes the record, with its dataset's size and validation split spelled out (the first records
+    were made before --val-images, with every image validated, and when the recipes had fewer images)."""
+    args, images = rec["args"], len(rec["counts"])
+    words = ["python bench/fit_time.py", f"--recipe {args['recipe']}", f"--images {images}",
+             f"--val-images {args.get('val_images') or images}", f"--epochs {args['epochs']}",
+             f"--pairs {args['pairs']}", f"--workers {args['workers']}"]
     if str(args["cache"]).lower() != "false":
         words.append(f"--cache {args['cache']}")
+    words += [f"--{k} {args[k]}" for k, default in (("device", "0"), ("amp", "bf16")) if str(args[k]) != default]
     return " ".join(words)
+
+
+def _process(summary: dict) -> dict:
+    """The whole process's spread: "process_s" (the first records called it "fit_s")."""
+    return summary.get("process_s", summary["fit_s"])
 
 
 def _fit_header(fits: list) -> str:
     """What the fit rows are: commands, machine, date, what bounds them and whether the fits agree."""
     envs = sorted({f"{r['environment']['gpu']}, torch {r['environment']['torch']}, {r['environment']['date']}"
                    for r in fits})
-    commands = ", ".join(f"`{_fit_command(r['args'])}`" for r in fits)
+    commands = ", ".join(f"`{_fit_command(r)}`" for r in fits)
     waits = [r["summary"][v]["loader_wait_share"]["max"] for r in fits for v in ("plain", "patched")]
+    full = all("process_s" in r["summary"]["plain"] for r in fits)
     same = all(r["summary"]["identical"] for r in fits)
-    return (f"Complete fits, {'; '.join(envs)}: {commands} (the peer's trainer; plain (\"peer\") and patched "
-            "(\"kernel\") fits alternating, each in a process of its own; the median of the epochs after the first "
-            "and before the last, and of the whole fits' wall time; the loop waited for its data loader at most "
-            f"{100 * max(waits):.1f}% of such an epoch, so the GPU bounds them; final losses and metrics "
-            f"{'identical in every fit' if same else 'DIFFER'}; records in `docs/bench-fit-*.json`):")
+    what = ("every loss value and the model, optimiser, EMA and scheduler states" if full else
+            "final losses and metrics")
+    return (f"Complete fits, {'; '.join(envs)}: {commands} (plain (\"peer\") and patched (\"kernel\") fits of "
+            "the peer's trainer alternating, a process each; medians of the epochs after the first and before the "
+            "last, of the processes and, where recorded, of the fits (`train()`) and the train loop's share; the "
+            f"loop waited for its loader at most {100 * max(waits):.1f}% of an epoch"
+            f"{' (the GPU bounds them)' if max(waits) < 0.1 else ''}; "
+            f"{what} {'identical in every fit' if same else 'DIFFER'}; records in `docs/bench-fit-*.json`):")
 
 
 def _fit_rows(rec: dict) -> list:
-    """Two rows per fit record: an epoch and the whole fit, patched against plain."""
+    """Rows per fit record, patched against plain: an epoch, the complete fit where recorded (with the train loop's
+    share of the process), and the whole process."""
     args, counts, summary = rec["args"], rec["counts"], rec["summary"]
     median = statistics.median(counts)
     what = (f"{args['recipe']} fit: {args['model'].removesuffix('.yaml')}, b{args['batch']} at {args['imgsz']} px, "
             f"{len(counts):,} images, objects per image median {median:,g} (max {max(counts):,}), "
             f"{args['epochs']} epochs, {args['pairs']} pairs")
-    rows = []
-    for key, label in (("epoch_s", "an epoch"), ("fit_s", "the whole fit")):
-        k, p = summary["patched"][key], summary["plain"][key]
-        rows.append(f"| {what}: {label} (ranges {k['min']:,.1f}-{k['max']:,.1f} / {p['min']:,.1f}-{p['max']:,.1f} s) | "
-                    f"{k['median']:,.2f} s | {p['median']:,.2f} s | {p['median'] / k['median']:,.2f}x | - |")
-    return rows
+    parts = [(summary["patched"]["epoch_s"], summary["plain"]["epoch_s"], "an epoch")]
+    if "process_s" in summary["plain"]:
+        share = "/".join(f"{100 * summary[v]['loop_share']['median']:.0f}%" for v in ("patched", "plain"))
+        parts.append((summary["patched"]["fit_s"], summary["plain"]["fit_s"],
+                      f"the complete fit, the train loop {share} of the process"))
+    parts.append((_process(summary["patched"]), _process(summary["plain"]), "the whole process"))
+    return [f"| {what}: {label} (ranges {k['min']:,.1f}-{k['max']:,.1f} / {p['min']:,.1f}-{p['max']:,.1f} s) | "
+            f"{k['median']:,.2f} s | {p['median']:,.2f} s | {p['median'] / k['median']:,.2f}x | - |"
+            for k, p, label in parts]
 
 
 def _step_header(rec: dict) -> str:

@@ -1,5 +1,6 @@
 """The synthetic scenes, the `lucid-assign bench` command and the demo."""
 
+import importlib.util
 import json
 import math
 import os
@@ -143,19 +144,76 @@ def test_fit_recipes_object_counts():
 
 
 def test_fit_benchmark_runs_complete_fits_on_the_cpu(tmp_path, library):
-    """Two complete tiny fits, plain and patched, through the peer's trainer: the record, and the same final losses and
-    metrics (the benchmark exits 1 when they differ)."""
+    """Complete tiny fits, plain and patched, through the peer's trainer: one pair, then a second by --resume (the
+    dataset reused). The record holds each fit's times, shares, every step's loss and the end states' digests; fits
+    of one variant end byte for byte the same (the digests are of the state, nothing of the process). Plain against
+    patched on the CPU is within the CPU's stated tolerance, not compared here."""
     pytest.importorskip("ultralytics")
     pytest.importorskip("cv2")
-    path, _ = _bench_script("fit_time")
+    path, fit_time = _bench_script("fit_time")
     out = tmp_path / "fit.json"
-    run = subprocess.run([sys.executable, path, "--recipe", "dota-obb", "--device", "cpu", "--amp", "false",
-                          "--images", "4", "--imgsz", "64", "--epochs", "2", "--pairs", "1", "--workers", "0",
-                          "--folder", str(tmp_path / "work"), "--out", str(out)], capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    cmd = [sys.executable, path, "--recipe", "dota-obb", "--device", "cpu", "--amp", "false", "--images", "4",
+           "--imgsz", "64", "--epochs", "2", "--workers", "0", "--folder", str(tmp_path / "work"), "--out", str(out)]
+    runs = [subprocess.run(cmd + extra, capture_output=True, text=True, timeout=900)
+            for extra in (["--pairs", "1"], ["--pairs", "2", "--resume"])]
+    for run in runs:
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "the dataset written" in runs[0].stdout and "the dataset written" not in runs[1].stdout
+    assert "2 of 4 fits done" in runs[1].stdout
     record = json.loads(out.read_text())
-    assert [f["variant"] for f in record["fits"]] == ["plain", "patched"]
-    assert all(len(f["epochs"]) == 2 and len(f["waits"]) == 2 for f in record["fits"])
-    assert record["summary"]["identical"] and "IDENTICAL in every fit" in run.stdout
+    assert [(f["variant"], f["pair"]) for f in record["fits"]] == [("plain", 0), ("patched", 0), ("patched", 1),
+                                                                    ("plain", 1)]
+    for f in record["fits"]:
+        assert len(f["epochs"]) == len(f["loops"]) == len(f["waits"]) == 2 and f["steps"] == 2  # 4 images: a step
+        assert set(f["digests"]) == set(fit_time.STATES) and 0 < sum(f["loops"]) < f["fit_s"] < f["wall_s"]
+        assert (f["patch_s"] is None) == (f["variant"] == "plain")
+    summary = record["summary"]
+    patched = [f for f in record["fits"] if f["variant"] == "patched"]
+    assert summary["plain_differ"] == [] and fit_time._agree(patched) == []
+    assert 0 < summary["patched"]["loop_share"]["median"] < 1 and summary["patched"]["patch_s"]["max"] > 0
+    assert "end state" in runs[1].stdout
     assert str(tmp_path) not in out.read_text()  # the record keeps no path of the machine that made it
+    other = subprocess.run(cmd + ["--pairs", "2", "--resume", "--epochs", "3"], capture_output=True, text=True,
+                           timeout=300)
+    assert other.returncode != 0 and "holds fits of other arguments" in other.stderr
+
+
+def test_fit_summary_says_where_the_end_states_differ():
+    _, fit_time = _bench_script("fit_time")
+
+    def fit(variant, pair, **digests):
+        return dict(variant=variant, pair=pair, wall_s=10.0, fit_s=9.0, epochs=[3.0, 2.0, 2.5], loops=[2.5, 1.7, 2.0],
+                    waits=[0.1, 0.0, 0.2], patch_s=0.1 if variant == "patched" else None, final={},
+                    digests=dict.fromkeys(fit_time.STATES, "a") | digests)
+
+    same = [fit("plain", 0), fit("patched", 0), fit("patched", 1), fit("plain", 1)]
+    result = fit_time.summary(same, "0")
+    assert result["identical"] and fit_time.exit_status(result) == 0
+    assert result["patched"]["loop_share"]["median"] == pytest.approx(0.62)
+    moved = [fit("plain", 0), fit("patched", 0, optimizer="b"), fit("patched", 1, optimizer="b"), fit("plain", 1)]
+    result = fit_time.summary(moved, "0")
+    assert result["differ"] == ["optimizer"] and result["plain_agree"] and fit_time.exit_status(result) == 1
+    assert "DIFFER in optimizer" in fit_time.table(result)
+    assert fit_time.exit_status(fit_time.summary(moved, "cpu")) == 0  # the CPU's contract is a tolerance
+    noisy = [fit("plain", 0, losses="x"), fit("patched", 0, losses="y"), fit("patched", 1, losses="z"),
+             fit("plain", 1, losses="w")]
+    result = fit_time.summary(noisy, "0")
+    assert result["plain_differ"] == ["losses"] and fit_time.exit_status(result) == 0
+    assert "not deterministic here" in fit_time.table(result)
+
+
+def test_yolo_dataset_validates_on_its_first_images(tmp_path):
+    """write_yolo_dataset(val_images=k): the validation split is the first k training images, as the peer reads it."""
+    pytest.importorskip("cv2")
+    from lucid_assign.synthetic import write_yolo_dataset
+
+    yaml = write_yolo_dataset(tmp_path / "d", images=5, img_size=32, obb=False, image_ext="jpg", val_images=2)
+    assert "val: val.txt" in open(yaml).read()
+    assert (tmp_path / "d" / "val.txt").read_text().split() == ["./images/train/00000.jpg", "./images/train/00001.jpg"]
+    if importlib.util.find_spec("ultralytics") is not None:
+        from ultralytics.data.utils import check_det_dataset
+        from ultralytics.data.dataset import YOLODataset
+
+        assert len(YOLODataset(check_det_dataset(yaml)["val"], imgsz=32, data=check_det_dataset(yaml)).im_files) == 2
+    with pytest.raises(ValueError, match="val_images"):
+        write_yolo_dataset(tmp_path / "e", images=2, img_size=32, val_images=3)
