@@ -105,7 +105,7 @@ def end_states(trainer) -> dict:
     return dict(model=trainer.model.state_dict(),
                 optimizer=dict(optimizer=trainer.optimizer.state_dict(),
                                scaler=scaler.state_dict() if scaler is not None and scaler.is_enabled() else None),
-                ema=dict(ema=trainer.ema.ema.state_dict(), updates=trainer.ema.updates),
+                ema=dict(ema=trainer.ema.ema.state_dict(), updates=trainer.ema.updates) if trainer.ema else None,
                 scheduler=trainer.scheduler.state_dict())
 
 

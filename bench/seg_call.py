@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runs import sync, timed  # noqa: E402
+from _runs import timed  # noqa: E402
 from lucid_assign import bench, ops  # noqa: E402
 from lucid_assign.integrations import ultralytics as integ  # noqa: E402
 

@@ -109,8 +109,8 @@ def main() -> int:
     if args.cli and not rtdetr:
         cmd = [sys.executable, "-m", "lucid_assign", "yolo", "obb", "train", f"data={data}", f"model={args.model}",
                f"device={args.devices}", "epochs=1", f"imgsz={args.imgsz}", f"batch={args.batch}",
-               f"workers={args.workers}", "plots=False", "val=False", f"amp={args.amp}", f"project={project}", "name=cli",
-               "exist_ok=True"]
+               f"workers={args.workers}", "plots=False", "val=False", f"amp={args.amp}", f"project={project}",
+               "name=cli", "exist_ok=True"]
         t = time.time()
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
         with open(os.path.join(folder, "cli.log"), "w") as f:
