@@ -178,7 +178,7 @@ def test_the_matchers_check_waits_for_the_first_matcher(integ, monkeypatch):
     assert len(calls) == 2
 
 
-def test_patch_leaves_scipy_unimported(library):
+def test_patch_leaves_scipy_unimported(library, peer_tal):
     """What patch() adds to a YOLO fit's start: no SciPy (a third of a second or more to import), which such a fit
     never imports itself."""
     code = ("import sys, ultralytics, ultralytics.utils.loss\n"
