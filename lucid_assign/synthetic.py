@@ -70,11 +70,17 @@ def _objects(g, n, img_size, num_classes, obb):
     return boxes, labels
 
 
-def _predictions(g, anc, boxes, labels, strides_of, num_classes, obb):
-    """Predicted boxes (A, 5) and scores (A, C) for one image given its objects."""
+def _predictions(g, anc, boxes, labels, strides_of, num_classes, obb, draw_only: bool = False):
+    """Predicted boxes (A, 5) and scores (A, C) for one image given its objects. ``draw_only``: only the draws from
+    ``g`` that they take (the same, in the same order, so that what is drawn next is the same), and None."""
     rand = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
     randn = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
     n_anchors = anc.shape[0]
+    if draw_only:
+        randn(n_anchors, 2), rand(n_anchors, 2), rand(n_anchors, 1) if obb else None, randn(n_anchors, num_classes)
+        if boxes.shape[0]:
+            randn(n_anchors, 2), randn(n_anchors, 2), randn(n_anchors, 1) if obb else None, randn(n_anchors)
+        return None
     # default: a box around the anchor, a few strides wide
     size = strides_of[:, None] * torch.exp(1.0 + 0.6 * randn(n_anchors, 2))
     ctr = anc + (rand(n_anchors, 2) - 0.5) * strides_of[:, None]
@@ -129,13 +135,15 @@ def dota_like_batch(
     device="cpu",
     dense_sizes=None,
     counts=None,
+    predictions: bool = True,
 ) -> dict:
     """A seeded batch: the six inputs of the assigner (keys as in ``assign``) plus ``stride`` and ``num_objects``.
 
     ``objects`` is an int (every image has that many) or a (low, high) range drawn per image; ``counts``, a list of
     ``batch`` numbers, gives each image's count instead. Padding rows are
     zeros with ``mask_gt`` 0. Boxes are ``cx cy w h angle`` when ``obb`` else ``x1 y1 x2 y2``. With ``dense_sizes``
-    (low, high) in pixels the scene is a dense one instead (see ``dense_batch``).
+    (low, high) in pixels the scene is a dense one instead (see ``dense_batch``). ``predictions=False``: the same
+    objects, without the predictions (``pd_scores`` and ``pd_bboxes`` None), which take most of the time.
     """
     g = torch.Generator().manual_seed(seed)
     if counts is None:
@@ -151,25 +159,26 @@ def dota_like_batch(
     gt = torch.zeros(batch, n_max, box_dim, dtype=torch.float64)
     labels = torch.zeros(batch, n_max, 1)
     mask = torch.zeros(batch, n_max, 1)
-    pd = torch.zeros(batch, anc.shape[0], box_dim, dtype=torch.float64)
-    scores = torch.zeros(batch, anc.shape[0], num_classes, dtype=torch.float64)
+    if predictions:
+        pd = torch.zeros(batch, anc.shape[0], box_dim, dtype=torch.float64)
+        scores = torch.zeros(batch, anc.shape[0], num_classes, dtype=torch.float64)
     for b, n in enumerate(counts):
         if dense_sizes is None:
             boxes, cls = _objects(g, n, img_size, num_classes, obb)
         else:
             boxes, cls = _dense_objects(g, n, img_size, num_classes, obb, dense_sizes)
-        pred, sc = _predictions(g, anc, boxes, cls, strides_of, num_classes, obb)
+        made = _predictions(g, anc, boxes, cls, strides_of, num_classes, obb, draw_only=not predictions)
         if not obb:
             boxes = torch.cat((boxes[:, :2] - boxes[:, 2:4] / 2, boxes[:, :2] + boxes[:, 2:4] / 2), -1)
-            pred = torch.cat((pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2), -1)
         gt[b, :n] = boxes
         labels[b, :n, 0] = cls.float()
         mask[b, :n] = 1.0
-        pd[b] = pred
-        scores[b] = sc
+        if made is not None:
+            pred, scores[b] = made
+            pd[b] = pred if obb else torch.cat((pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2), -1)
     return dict(
-        pd_scores=scores.to(device=device, dtype=score_dtype),
-        pd_bboxes=pd.to(device=device, dtype=torch.float32),
+        pd_scores=scores.to(device=device, dtype=score_dtype) if predictions else None,
+        pd_bboxes=pd.to(device=device, dtype=torch.float32) if predictions else None,
         anc_points=anc.to(device=device, dtype=torch.float32),
         gt_labels=labels.to(device),
         gt_bboxes=gt.to(device=device, dtype=torch.float32),
@@ -398,13 +407,13 @@ def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes:
         os.makedirs(os.path.join(folder, split, "train"), exist_ok=True)
     if counts is None:
         chunks = [(0, dota_like_batch(batch=images, img_size=img_size, num_classes=num_classes, objects=objects,
-                                      obb=obb, seed=seed))]
+                                      obb=obb, seed=seed, predictions=False))]
     else:
         if len(counts) != images:
             raise ValueError(f"counts: one number per image, got {len(counts)} for {images} images")
         chunks = ((start, dota_like_batch(batch=len(counts[start:start + 16]), img_size=img_size,
                                           num_classes=num_classes, obb=obb, seed=seed + start // 16,
-                                          counts=counts[start:start + 16]))
+                                          counts=counts[start:start + 16], predictions=False))
                   for start in range(0, images, 16))
     g = torch.Generator().manual_seed(seed)
     for start, batch in chunks:

@@ -26,6 +26,17 @@ def test_scene_is_seeded_and_reproducible():
 
 
 @pytest.mark.parametrize("obb", [False, True])
+def test_scene_without_predictions_has_the_same_objects(obb):
+    """predictions=False (what write_yolo_dataset takes) draws what the predictions draw, so every image's objects are
+    those of the full scene (image 1 on follows image 0's draws), and an image without objects too."""
+    for kw in (dict(objects=(0, 30)), dict(counts=[5, 0, 40]), dict(dense_sizes=(4.0, 20.0), counts=[60, 3, 0])):
+        full = dota_like_batch(batch=3, img_size=128, num_classes=5, obb=obb, seed=7, **kw)
+        bare = dota_like_batch(batch=3, img_size=128, num_classes=5, obb=obb, seed=7, predictions=False, **kw)
+        assert bare["pd_scores"] is None and bare["pd_bboxes"] is None
+        assert all(torch.equal(full[k], bare[k]) for k in ("gt_bboxes", "gt_labels", "mask_gt", "anc_points"))
+
+
+@pytest.mark.parametrize("obb", [False, True])
 def test_scene_shapes_and_padding(obb):
     s = dota_like_batch(batch=3, img_size=256, num_classes=5, objects=(4, 30), obb=obb, seed=1)
     n = s["num_objects"]
