@@ -51,7 +51,7 @@ from ._patching import ULTRALYTICS as STATE
 from ._peer import TESTED_RANGE, accepted as _accepted, find_peer as _peer
 from .ultralytics_check import check_peer, self_check
 from .ultralytics_ddp import rank_patched
-from .ultralytics_detr import NAME as MATCHER, PENDING, LucidHungarianMatcher, check_matcher, matcher_modules
+from .ultralytics_detr import NAME as MATCHER, LucidHungarianMatcher, Pending, check_matcher, matcher_modules
 
 __all__ = ["FallbackWarning", "LucidHungarianMatcher", "LucidPoseTaskAlignedAssigner",
            "LucidRotatedTaskAlignedAssigner", "LucidSegTaskAlignedAssigner", "LucidTaskAlignedAssigner",
@@ -252,7 +252,7 @@ def patch(backend: str = "auto") -> None:
         originals = {(m.__name__, n): getattr(m, n) for m in peer.losses for n in rules if hasattr(m, n)}
         modules = matcher_modules()
         if modules:  # its check waits for the first matcher built (_settle_matcher): a YOLO fit never builds one
-            LucidHungarianMatcher.variant = PENDING
+            LucidHungarianMatcher.variant = Pending(_settle_matcher)
             _rules[MATCHER] = "its cost variant is checked when the first one is built"
             originals.update({(m.__name__, MATCHER): getattr(m, MATCHER) for m in modules})
         if callable(getattr(peer.dist, "generate_ddp_file", None)):
@@ -295,7 +295,7 @@ def patch_report() -> list:
     when not patched. The matcher's check runs here if no matcher was built yet."""
     if not STATE.is_patched():
         return []
-    if LucidHungarianMatcher.variant is PENDING:
+    if isinstance(LucidHungarianMatcher.variant, Pending):
         _settle_matcher()
     return ([f"{name}: patched ({'' if name == MATCHER else 'rule set '}{rules})" for name, rules in _rules.items()] +
             [f"{name}: left to ultralytics ({why})" for name, why in _left.items()])

@@ -22,7 +22,7 @@ the version string, and leaves the matcher to the peer when none does, or when t
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -37,13 +37,18 @@ from ._peer import first_module
 _MATCHER_MODULES = ("ultralytics.models.utils.ops", "ultralytics.vit.utils.ops")
 _DETR_LOSS_MODULES = ("ultralytics.models.utils.loss", "ultralytics.vit.utils.loss")
 NAME = "HungarianMatcher"
-PENDING = object()  # LucidHungarianMatcher.variant from patch() until the installed release's check has run
 
 
 class Variant(NamedTuple):
     layout: str  # "padded" or "flat"
     widen: bool
     sanitize: bool
+
+
+class Pending(NamedTuple):
+    """LucidHungarianMatcher.variant from patch() until the installed release's check has run: ``settle``, the
+    check, which the first matcher built runs (it sets the variant)."""
+    settle: Callable[[], None]
 
 
 VARIANTS = tuple(Variant(*v) for v in itertools.product(("padded", "flat"), (True, False), (True, False)))
@@ -131,10 +136,8 @@ class LucidHungarianMatcher(torch.nn.Module):
 
     def __init__(self, *args, **kwargs):
         super().__init__()
-        if type(self).variant is PENDING:  # the first one built while patched: the release's check runs now
-            from .ultralytics import _settle_matcher
-
-            _settle_matcher()
+        if isinstance(type(self).variant, Pending):  # the first one built while patched: the release's check
+            type(self).variant.settle()
         self.__dict__.update(variant=type(self).variant, backend=type(self).backend)
         peer = _peer_matcher_class()(*args, **kwargs)
         self.__dict__.update({k: v for k, v in vars(peer).items() if not k.startswith("_") and k != "training"})
