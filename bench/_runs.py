@@ -82,6 +82,18 @@ def timed(fn, device):
     return t1 - t0, time.perf_counter() - t0
 
 
+def alternated(runs: list, steps: int, contexts: dict, one, device) -> None:
+    """Times ``steps`` steps of each run, alternating which goes first (run A then B on even steps, B then A on odd):
+    ``one(run, i)`` under ``contexts[run["patched"]]()``, each to its end on the device, appended to run["times"]."""
+    for i in range(steps):
+        for r in runs if i % 2 == 0 else runs[::-1]:
+            with contexts[r["patched"]]():
+                t0 = time.perf_counter()
+                one(r, i)
+                sync(device)
+                r["times"].append(time.perf_counter() - t0)
+
+
 def detr_batch(size: int, imgsz: int, objects: int, seed: int, device, classes: int, label_key: str):
     """Random images and a DETR trainer's targets for them, DOTA-like axis-aligned objects (lucid_assign.synthetic):
     per image its classes (under ``label_key``) and normalised cx cy w h boxes."""

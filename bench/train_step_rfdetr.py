@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runs import detr_batch, sync  # noqa: E402
+from _runs import alternated, detr_batch, sync  # noqa: E402
 from lucid_assign.integrations import rfdetr as lr  # noqa: E402
 
 VARIANTS = {"small": "RFDETRSmallConfig", "base": "RFDETRBaseConfig", "medium": "RFDETRMediumConfig"}
@@ -124,13 +124,7 @@ def measure(args, variant: str, objects: int) -> list:
             for i in range(args.warmup):
                 one(r, i)
     sync(device)
-    for i in range(args.steps):
-        for r in runs if i % 2 == 0 else runs[::-1]:
-            with contexts[r["patched"]]():
-                t0 = time.perf_counter()
-                one(r, i)
-                sync(device)
-                r["times"].append(time.perf_counter() - t0)
+    alternated(runs, args.steps, contexts, one, device)
     for r in runs:
         per_step, calls = [], 0
         with contexts[r["patched"]]():

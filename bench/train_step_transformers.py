@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runs import detr_batch, sync  # noqa: E402
+from _runs import alternated, detr_batch, sync  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
 
 FAMILIES = {"rt-detr": "RTDetrHungarianMatcher", "deformable-detr": "DeformableDetrHungarianMatcher",
@@ -100,13 +100,7 @@ def measure(args, objects: int) -> list:
             for i in range(args.warmup):
                 step(r["model"], r["opt"], *batches[i % 3], device)
     sync(device)
-    for i in range(args.steps):
-        for r in runs if i % 2 == 0 else runs[::-1]:
-            with contexts[r["patched"]]():
-                t0 = time.perf_counter()
-                step(r["model"], r["opt"], *batches[i % 3], device)
-                sync(device)
-                r["times"].append(time.perf_counter() - t0)
+    alternated(runs, args.steps, contexts, lambda r, i: step(r["model"], r["opt"], *batches[i % 3], device), device)
     for r in runs:
         per_step, calls = [], 0
         with contexts[r["patched"]]():
