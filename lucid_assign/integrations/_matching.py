@@ -13,7 +13,8 @@ solving one problem per image (and query group) with SciPy. Here:
   outputs (``layer_of``) computes every layer's cost at its first call (the trainer's ``costs`` of the stacked views,
   per image block) and solves them together; the later calls of that loss take their layer's matches while they are
   the same call (one rule, ``Memo``), each layer once.
-- ``cost_at_cpu``: the cost a trainer's own matcher copies to the host, taken there.
+- ``cost_at_cpu``: the cost a trainer's own matcher copies to the host, taken there (``TensorHook``: a tensor
+  method's calls in one thread, handed to a handler).
 - ``runs_here``: whether the kernel runs for a call, or the trainer's own matcher (said once).
 
 A trainer integration supplies its cost per image block (problems of shape (layers * images * groups, queries per
@@ -176,6 +177,58 @@ def runs_here(state, backend: str, device: str, what: str) -> str | None:
 # --- the cost a trainer's matcher copies to the host ----------------------------------------------------------------
 
 
+class TensorHook:
+    """One method of ``torch.Tensor`` (``cpu``, ``split``), replaced while some thread runs a ``handled`` block for it:
+    in that thread the block's handler takes its calls, ``handler(tensor, args, kwargs)``; every other call, in any
+    thread, is torch's own (``own``). One Python call on each call of the method while it is replaced, where a torch
+    function mode would intercept every tensor operation."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._local = threading.local()  # .handler: this thread's, or None
+        self._lock = threading.Lock()
+        self._users = 0  # handled blocks in flight (all threads)
+        self._saved = None  # what torch.Tensor itself defined under the name before (None: inherited from TensorBase)
+        hook = self
+
+        def method(tensor, *args, **kwargs):
+            handler = getattr(hook._local, "handler", None)
+            return hook.own(tensor, *args, **kwargs) if handler is None else handler(tensor, args, kwargs)
+
+        self._method = method
+
+    def own(self, tensor, *args, **kwargs):
+        """torch's own method (what torch.Tensor had before the hook)."""
+        saved = self._saved
+        return (getattr(torch._C.TensorBase, self.name) if saved is None else saved)(tensor, *args, **kwargs)
+
+    @contextlib.contextmanager
+    def handled(self, handler: Callable):
+        """The block's calls of the method in this thread go to ``handler`` (a nested block's to its own)."""
+        with self._lock:
+            if self._users == 0:
+                self._saved = vars(torch.Tensor).get(self.name)
+                setattr(torch.Tensor, self.name, self._method)
+            self._users += 1
+        before = getattr(self._local, "handler", None)
+        self._local.handler = handler
+        try:
+            yield
+        finally:
+            self._local.handler = before
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    if self._saved is None:
+                        delattr(torch.Tensor, self.name)
+                    else:
+                        setattr(torch.Tensor, self.name, self._saved)
+                    self._saved = None
+
+
+HOST_COPY = TensorHook("cpu")  # a matcher's copy of its cost to the host, ``.cpu()``
+
+
 class CostTaken(Exception):
     """Raised out of a trainer's matcher at its copy of the cost to the host, carrying the cost."""
 
@@ -184,51 +237,24 @@ class CostTaken(Exception):
         self.cost = cost
 
 
-_hooked = threading.local()  # .costs: this thread's list of captured costs, or STOP
-_STOP = object()
-_hook_lock = threading.Lock()
-_hook_users = 0  # blocks in flight (all threads) while Tensor.cpu is hooked
-_hook_saved = None  # what torch.Tensor itself defined as cpu before the hook (None: nothing, TensorBase's)
-
-
-def _cpu_hooked(self, *args, **kwargs):
-    """Tensor.cpu while some thread is in cost_at_cpu: in that thread a 3-D tensor's copy (the matcher's cost) is
-    taken (raising CostTaken) or captured; every other call is torch's own."""
-    costs = getattr(_hooked, "costs", None)
-    if costs is not None and self.dim() == 3:
-        if costs is _STOP:
-            _hooked.costs = None
-            raise CostTaken(self)
-        costs.append(self.detach().clone())
-    return torch._C.TensorBase.cpu(self, *args, **kwargs) if _hook_saved is None else _hook_saved(self, *args, **kwargs)
-
-
 @contextlib.contextmanager
 def cost_at_cpu(stop: bool = True):
     """In this thread, the 3-D tensors copied to the host in the block: with ``stop``, the first stops the block
-    (CostTaken, carrying it); else each is captured (a copy, in the list this yields) and copied as usual.
-    Tensor.cpu is hooked only while such a block runs somewhere: one Python call on each copy to the host, where a
-    torch function mode would intercept every tensor operation of the matcher."""
-    global _hook_users, _hook_saved
-    with _hook_lock:
-        if _hook_users == 0:
-            _hook_saved = vars(torch.Tensor).get("cpu")
-            torch.Tensor.cpu = _cpu_hooked
-        _hook_users += 1
+    (CostTaken, carrying it) and the later copies are torch's own; else each is captured (a copy, in the list this
+    yields) and copied as usual."""
     costs: list = []
-    _hooked.costs = _STOP if stop else costs
-    try:
+    taken = []
+
+    def handler(tensor, args, kwargs):
+        if tensor.dim() == 3 and not taken:
+            if stop:
+                taken.append(tensor)
+                raise CostTaken(tensor)
+            costs.append(tensor.detach().clone())
+        return HOST_COPY.own(tensor, *args, **kwargs)
+
+    with HOST_COPY.handled(handler):
         yield costs
-    finally:
-        _hooked.costs = None
-        with _hook_lock:
-            _hook_users -= 1
-            if _hook_users == 0:
-                if _hook_saved is None:
-                    del torch.Tensor.cpu
-                else:
-                    torch.Tensor.cpu = _hook_saved
-                _hook_saved = None
 
 
 # --- the layers of one loss call matched at once --------------------------------------------------------------------
