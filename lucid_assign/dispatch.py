@@ -196,9 +196,16 @@ def choose(backend: str, key: tuple, on_unsupported: Callable | None = None) -> 
     return _fallback(backend, why, key[1])
 
 
-# torch.compile traces the choice as its result: it reads the environment, the library's registrations and a cache,
-# which the graph does not need to see (they are settled before the first call).
-traced_choose = torch.compiler.assume_constant_result(choose)
+def traced_choose(backend: str, key: tuple) -> str:
+    """choose(), which torch.compile traces as its result: it reads the environment, the library's registrations and
+    a cache, which the graph does not need to see (they are settled before the first call)."""
+    return choose(backend, key)
+
+
+# What torch.compiler.assume_constant_result(traced_choose) does (torch 2.4 to 2.15; tests/test_dispatch.py checks that
+# it still does), without importing torch._dynamo, which it imports (0.8 s on a 2-core machine) and which a process
+# that never compiles does not need.
+traced_choose._dynamo_marked_constant = True
 
 
 def choice(backend: str, key: tuple, on_unsupported: Callable | None = None) -> str:

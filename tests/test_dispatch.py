@@ -231,3 +231,12 @@ def test_each_fallback_reason_carries_its_own_fix(library, case, monkeypatch):
     others = [f for c, (_, f) in FALLBACKS.items() if c != case]
     assert not any(other in message for other in others), message
     assert "pass tensors of the dtypes the kernel takes" not in message
+
+
+def test_the_traced_choice_is_marked_as_torch_compiler_marks_it():
+    """dispatch marks traced_choose for torch.compile without importing torch._dynamo (which
+    torch.compiler.assume_constant_result imports): the mark must be the one that function sets, in this torch."""
+    marked = torch.compiler.assume_constant_result(lambda backend, key: backend)
+    own = {k for k in vars(marked) if not k.startswith("__")}
+    assert own == {k for k in vars(dispatch.traced_choose) if not k.startswith("__")} == {"_dynamo_marked_constant"}
+    assert dispatch.traced_choose._dynamo_marked_constant is marked._dynamo_marked_constant is True
