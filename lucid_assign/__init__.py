@@ -1,7 +1,11 @@
 """lucid-assign: fused, memory-bounded task-aligned label assignment for YOLO-style detectors, and exact batched
 Hungarian matching for DETR-style ones."""
 
-from . import _library, ops, reference  # noqa: F401  (_library: loading the compiled ops on import)
+from . import _launch
+
+_launch.start_if_launching()  # `lucid-assign run -- COMMAND`: COMMAND replaces this process here, before torch loads
+
+from . import _library, ops, reference  # noqa: E402, F401  (_library: loading the compiled ops on import)
 from ._version import __version__
 from .api import assign, assign_pose, assign_seg, pad_targets
 from .dispatch import FallbackWarning, backends

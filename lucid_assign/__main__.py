@@ -6,6 +6,8 @@
     lucid-assign doctor  what is installed and built, what backend="auto" uses, and a self-check
     lucid-assign yolo    the peer trainer's command line (ultralytics' `yolo`), patched: the same arguments, e.g.
                          lucid-assign yolo obb train data=DOTAv1.yaml model=yolo26n-obb.yaml device=0,1
+    lucid-assign run     any training command, every trainer and named matcher patched in each of its Python
+                         processes, e.g. lucid-assign run --matcher models.matcher:HungarianMatcher -- python train.py
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 
 import torch
 
-from . import _library, api, dispatch, viz
+from . import _launch, _library, api, dispatch, viz
 from .bench import PRESETS as BENCH_PRESETS
 from .reference import INPUTS
 from .synthetic import dota_like_batch
@@ -328,15 +330,29 @@ def build_parser():
                    help="lucid-assign's backend (default auto: the kernel where it can run, else the peer's own "
                    "assigner, with a warning that says why); LUCID_ASSIGN_BACKEND overrides it")
     y.add_argument("args", nargs=argparse.REMAINDER, help="the peer's arguments, exactly as for `yolo`")
-    return parser, {"yolo": y, "viz": vp, "bench": bp, "demo": d}
+    r = sub.add_parser("run", add_help=False, help="run a training command (python train.py, torchrun ..., yolo ...) "
+                       "with each trainer and named DETR matcher patched in every Python process it starts "
+                       "(`lucid-assign run --help`)")
+    r.add_argument("args", nargs=argparse.REMAINDER)
+    return parser, {"yolo": y, "viz": vp, "bench": bp, "demo": d, "run": r}
 
 
 def parse(argv=None):
     """The command line's arguments, parsed (a mistake exits with status 2)."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["run"]:  # its own parser (lucid_assign/_launch.py), which the launch uses before torch loads
+        try:
+            backend, trainers, matchers, command = _launch.parse(given[1:])
+        except _launch.UsageError as exc:
+            build_parser()[1]["run"].error(str(exc))
+        return argparse.Namespace(command="run", backend=backend, trainers=trainers, matchers=matchers, args=command)
     return build_parser()[0].parse_args(argv)
 
 
 def main(argv=None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["run"]:  # COMMAND replaces this process (lucid_assign/_launch.py)
+        return _launch.main(given[1:])
     parser, subparsers = build_parser()
     args = parser.parse_args(argv)
     commands = {"yolo": yolo, "viz": viz.run, "bench": bench, "demo": demo}

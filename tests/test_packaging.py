@@ -125,7 +125,8 @@ def test_wheel_names_what_it_was_built_for(dist):
     grafted = [f for f in files if ".libs/" in f]
     assert not any(lib in f for f in grafted for lib in ("libtorch", "libc10", "libgomp", "libcudart")), grafted
     for must in ("lucid_assign/_C.abi3.so", "lucid_assign/_build_info.py", "lucid_assign/integrations/__init__.py",
-                 "lucid_assign/integrations/ultralytics.py", "lucid_assign/api.py", "lucid_assign/reference.py"):
+                 "lucid_assign/integrations/ultralytics.py", "lucid_assign/api.py", "lucid_assign/reference.py",
+                 "lucid_assign/_site/sitecustomize.py"):
         assert must in files, must
     meta = zipfile.ZipFile(wheel).read(next(f for f in files if f.endswith("METADATA"))).decode()
     assert f"Requires-Dist: torch<{major}.{int(minor) + 1},>={major}.{minor}" in meta
@@ -192,6 +193,11 @@ def test_wheel_in_a_fresh_environment(dist, page, fresh_venv, tmp_path):
     assert ("assign" in cuda_ops) == _built_with_cuda(), cuda_ops
     step = run([python, "-c", TRAIN_STEP], cwd=tmp_path, env=clean_env(LUCID_ASSIGN_VERBOSE="1")).stdout
     assert "ASSIGNERS ['LucidRotatedTaskAlignedAssigner']" in step, step
+    # the installed console script's `run`: the peer patched in the command's process at its import
+    code = "import ultralytics; from lucid_assign.integrations import ultralytics as u; print('RUN', u.is_patched())"
+    ran = run([str(tmp_path / "venv" / "bin" / "lucid-assign"), "run", "--trainers", "ultralytics", "--", python, "-c",
+               code], cwd=tmp_path, env=clean_env()).stdout
+    assert "RUN True" in ran, ran
 
 
 def test_sdist_builds_against_the_torch_of_the_environment(dist, page, fresh_venv, tmp_path):

@@ -106,3 +106,4 @@ def _lucid_logger():
 ULTRALYTICS = PatchState("ultralytics", "ultralytics' assigners are patched", _ultralytics_logger)
 TRANSFORMERS = PatchState("transformers", "transformers' matchers are patched", _lucid_logger)
 RFDETR = PatchState("RF-DETR", "RF-DETR's matcher is patched", _lucid_logger)
+DETR = PatchState("DETR matchers", "DETR-style matchers are patched", _lucid_logger)
