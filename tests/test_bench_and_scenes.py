@@ -228,3 +228,16 @@ def test_yolo_dataset_validates_on_its_first_images(tmp_path):
         assert len(YOLODataset(check_det_dataset(yaml)["val"], imgsz=32, data=check_det_dataset(yaml)).im_files) == 2
     with pytest.raises(ValueError, match="val_images"):
         write_yolo_dataset(tmp_path / "e", images=2, img_size=32, val_images=3)
+
+
+def test_the_detr_pattern_bench_runs_and_agrees(tmp_path, library):
+    """bench/detr_pattern.py, tiny: every layer's matches own and patched the same, one op solve a layer, no SciPy."""
+    path, _ = _bench_script("detr_pattern")
+    out = tmp_path / "rec.json"
+    run = subprocess.run([sys.executable, path, "--device", "cpu", "--batch", "2", "--objects", "0", "5", "--layers",
+                          "3", "--queries", "7", "--calls", "1", "--out", str(out)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    cases = json.loads(out.read_text())["cases"]
+    assert [(c["objects"], c["same"], c["op_calls"], c["scipy_calls"]) for c in cases] == [(0, True, 0, 0),
+                                                                                          (5, True, 3, 0)]
