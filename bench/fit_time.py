@@ -33,9 +33,9 @@ existing record of the same arguments is continued up to --pairs pairs (a run st
 stopped), and with --folder the dataset written there is reused.
 
 Recipes (--images, --imgsz, --model, --classes and --epochs override them); 64 steps an epoch or more at batch 16:
-  dota-obb      yolo26n-obb, 1024 px, 15 classes, 1,024 images, 10 epochs; objects per image log-normal with a
+  dota-obb      yolo26n-obb, 1024 px, 15 classes, 1,024 images, 20 epochs; objects per image log-normal with a
                 median of 60, one image of 1,200 (the tail past 1,000)
-  dense-obb     yolo26n-obb, 1024 px, 15 classes, 1,024 images of 1,000-2,000 objects, 5 epochs
+  dense-obb     yolo26n-obb, 1024 px, 15 classes, 1,024 images of 1,000-2,000 objects, 12 epochs
   coco-hbb      yolo26n, 640 px, 80 classes, 2,048 images, 12 epochs; log-normal with a median of 4, one image of 60
   rtdetr        the peer's rtdetr-l, 640 px, 80 classes, 1,024 images, 8 epochs, objects as coco-hbb
   rtdetr-dense  the same with objects log-normal around a median of 60, one image of 600
@@ -70,8 +70,8 @@ class Recipe(NamedTuple):
 
 
 RECIPES = {
-    "dota-obb": Recipe("yolo26n-obb.yaml", 1024, 15, True, 1024, 10, ("lognormal", 60, 1.2, 1200)),
-    "dense-obb": Recipe("yolo26n-obb.yaml", 1024, 15, True, 1024, 5, ("uniform", 1000, 2000)),
+    "dota-obb": Recipe("yolo26n-obb.yaml", 1024, 15, True, 1024, 20, ("lognormal", 60, 1.2, 1200)),
+    "dense-obb": Recipe("yolo26n-obb.yaml", 1024, 15, True, 1024, 12, ("uniform", 1000, 2000)),
     "coco-hbb": Recipe("yolo26n.yaml", 640, 80, False, 2048, 12, ("lognormal", 4, 1.0, 60)),
     "rtdetr": Recipe("rtdetr-l.yaml", 640, 80, False, 1024, 8, ("lognormal", 4, 1.0, 60)),
     "rtdetr-dense": Recipe("rtdetr-l.yaml", 640, 80, False, 1024, 8, ("lognormal", 60, 1.0, 600)),
