@@ -132,6 +132,17 @@ def test_forbidden_pairs_and_infeasible_costs(library, counted, forbid):
     assert (ours[0] is ValueError) == (forbid > 0.9)
 
 
+def test_under_inference_mode_the_blocks_go_to_scipy(library, counted):
+    """Inference tensors track no version counter, so a change to the copy would go unseen: SciPy itself, said once."""
+    m = dm.OneToManyMatcher()
+    outputs, targets = dm.batch(CASES["ragged"][0])
+    with torch.inference_mode():
+        theirs = m(outputs, targets)
+        with pytest.warns(FallbackWarning, match="no block of one it copied"), detr.patched(dm.OneToManyMatcher):
+            ours = m(outputs, targets)
+    assert _same(ours, theirs) and counted["op"] == 0
+
+
 def test_backend_reference(counted):
     ours, theirs = _compare(dm.OneToManyMatcher, CASES["ragged"], "cpu", backend="reference")
     assert _same(ours, theirs) and counted["op"] == 3 and counted["scipy"] == 0

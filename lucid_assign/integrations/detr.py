@@ -140,7 +140,8 @@ class _Session:
             host.copy_(tensor)
         else:
             host = core.HOST_COPY.own(tensor)
-        self.copies.append(_Copy(tensor, host))
+        if not (tensor.is_inference() or host.is_inference()):  # those track no versions: changes would go unseen
+            self.copies.append(_Copy(tensor, host))
         return host
 
     def on_split(self, tensor, args, kwargs):
