@@ -19,7 +19,7 @@ TRAINERS = ("ultralytics", "transformers", "rfdetr")
 BACKENDS = ("auto", "kernel", "reference")  # dispatch.BACKENDS (not imported here: it imports torch)
 ENV = "LUCID_ASSIGN_RUN"
 SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_site")
-_MATCHER = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_MATCHER = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"  # MODULE:CLASS
 
 USAGE = "usage: lucid-assign run [-h] [--backend {auto,kernel,reference}] [--trainers LIST] [--matcher MODULE:CLASS] " \
         "[--] COMMAND [ARG ...]"
@@ -82,7 +82,7 @@ def parse(args: list) -> tuple:
                 raise UsageError(f"--trainers: unknown {', '.join(map(repr, unknown))} (choose from "
                                  f"{', '.join(TRAINERS)}, or none)")
         else:
-            if not _MATCHER.match(value):
+            if not re.match(_MATCHER, value):
                 raise UsageError(f"--matcher: {value!r} is not MODULE:CLASS (e.g. models.matcher:HungarianMatcher)")
             matchers.append(value)
         i += 1

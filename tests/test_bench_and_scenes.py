@@ -241,3 +241,15 @@ def test_the_detr_pattern_bench_runs_and_agrees(tmp_path, library):
     cases = json.loads(out.read_text())["cases"]
     assert [(c["objects"], c["same"], c["op_calls"], c["scipy_calls"]) for c in cases] == [(0, True, 0, 0),
                                                                                           (5, True, 3, 0)]
+
+
+def test_the_matcher_ops_bench_counts_a_loss_call(library):
+    """bench/matcher_ops.py, tiny: DETR's loss call (six matcher calls), own and patched, counted."""
+    pytest.importorskip("transformers")
+    path, _ = _bench_script("matcher_ops")
+    run = subprocess.run([sys.executable, path, "--families", "detr", "--imgsz", "64", "--batch", "1", "--objects", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split() for line in run.stdout.splitlines() if line.startswith("detr ")]
+    assert [(r[1], r[2]) for r in rows] == [("own", "6"), ("patched", "6")]
+    assert all(int(r[3]) > 0 for r in rows) and int(rows[1][3]) < int(rows[0][3])

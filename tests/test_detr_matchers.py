@@ -314,6 +314,16 @@ def test_a_process_that_imports_no_trainer_is_unchanged():
     assert not any(m.split(".")[0] in ("torch", "lucid_assign") for m in ran)
 
 
+def test_a_sitecustomize_run_shadows_still_runs(tmp_path):
+    """An environment's own sitecustomize (here one on PYTHONPATH) runs under run as without it."""
+    (tmp_path / "sitecustomize.py").write_text("import sys\nMARK = 'theirs'\nsys.flags_seen = True\n")
+    code = "import sys, sitecustomize; print(sitecustomize.MARK, getattr(sys, 'flags_seen', False))"
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-m", "lucid_assign", "run", "--", sys.executable, "-c", code],
+                         capture_output=True, text=True, cwd=HERE, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["theirs", "True"], out.stderr
+
+
 def test_run_passes_the_exit_status_and_signals_through():
     assert _run(["--", sys.executable, "-c", "raise SystemExit(7)"]).returncode == 7
     killed = _run(["--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])

@@ -115,9 +115,12 @@ def _install():
 def _chain():
     """This folder off sys.path, and the sitecustomize it shadowed run in its place."""
     _sys.path[:] = [p for p in _sys.path if _os.path.abspath(p or ".") != _HERE]
-    from importlib.machinery import PathFinder
-
-    spec = PathFinder.find_spec("sitecustomize", _sys.path)
+    # importlib.machinery's PathFinder, from the import system's own module (loaded at every start; importing
+    # importlib.machinery would add its package's import to every process)
+    finder = getattr(_sys.modules.get("_frozen_importlib_external"), "PathFinder", None)
+    if finder is None:
+        from importlib.machinery import PathFinder as finder
+    spec = finder.find_spec("sitecustomize", _sys.path)
     if spec is not None and spec.loader is not None:
         import importlib.util
 

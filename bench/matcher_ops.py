@@ -1,0 +1,127 @@
+"""What a DETR family's loss call costs the host in its matcher: the tensor operations dispatched, the host
+synchronisations and the Python time of every matcher call of one loss call, the family's own matcher against the
+patched one (lucid_assign.integrations.transformers), on the CPU (the op's CPU kernel) or a GPU.
+
+    python bench/matcher_ops.py                                      # rt-detr, detr, deformable-detr, lw-detr
+    python bench/matcher_ops.py --families detr --imgsz 64 --batch 1 --objects 2   # smoke test
+
+Each family's model comes from its default config (bench/train_step_transformers.py's build: RT-DETR, DETR with
+auxiliary losses, Deformable DETR two-stage with refinement, LW-DETR), no weights, 80 classes; a forward with labels
+under bf16 autocast computes its loss, which calls the matcher once per decoder layer (and for the encoder's
+proposals). After a warm-up loss call (the patched matcher checks itself at its first), one loss call is counted:
+every operation dispatched inside the matcher's calls (a TorchDispatchMode: what each launches or computes on the
+host), the synchronisations among them (reading a value on the host: ``item``, ``.cpu()`` and ``.numpy()``,
+``nonzero``; on CUDA each waits for the device), and the calls' time. The goal of the issue "The DETR cost in one
+launch": 12 operations or fewer per loss call, one synchronisation at most, whatever the layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from collections import Counter
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _runs import detr_batch, sync  # noqa: E402
+from train_step_transformers import FAMILIES, build  # noqa: E402
+
+from lucid_assign.integrations import _matching as core  # noqa: E402
+from lucid_assign.integrations import transformers as lt  # noqa: E402
+
+SYNCS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::equal", "aten::masked_select",
+         "aten::unique_consecutive", "aten::_unique2"}  # operations that read a device value on the host
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self, ops: Counter):
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func._schema.name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counted(name: str, device, found: dict):
+    """Every call of the matcher class's forward (patched or not) in the block: its operations, its copies to the
+    host and its time, added up in ``found``."""
+    cls = next(c for n, c in lt._classes().items() if n == name)
+    inner = cls.forward
+
+    def on_host(tensor, args, kwargs):  # Tensor.cpu in a matcher call
+        found["host copies"] += 1
+        return core.HOST_COPY.own(tensor, *args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        sync(device)
+        t0 = time.perf_counter()
+        with _Count(found["ops"]), core.HOST_COPY.handled(on_host):
+            out = inner(self, *args, **kwargs)
+        sync(device)
+        found["seconds"] += time.perf_counter() - t0
+        found["calls"] += 1
+        return out
+
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = inner
+
+
+def loss_call(model, images, labels, device):
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+        return model(pixel_values=images, labels=labels).loss
+
+
+def count(family: str, patched: bool, args, objects: int) -> dict:
+    model, _ = build(family, args.device)
+    images, labels = detr_batch(args.batch, args.imgsz, objects, 0, args.device, 80, "class_labels")
+    context = lt.patched("kernel") if patched else contextlib.nullcontext()
+    found = dict(ops=Counter(), calls=0, seconds=0.0, **{"host copies": 0})
+    with context:
+        lt._verified.clear()
+        lt._blocks_ok.clear()
+        loss_call(model, images, labels, args.device)  # the patched matcher's first call checks itself
+        with counted(FAMILIES[family], args.device, found):
+            loss_call(model, images, labels, args.device)
+    ops = found["ops"]
+    syncs = sum(n for name, n in ops.items() if name in SYNCS) + found["host copies"]
+    return dict(family=family, patched=patched, objects=objects, calls=found["calls"], ops=sum(ops.values()),
+                syncs=syncs, ms=1e3 * found["seconds"], top=ops.most_common(6))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--objects", type=int, default=10)
+    p.add_argument("--top", action="store_true", help="also the most dispatched operations of each")
+    args = p.parse_args(argv)
+    import transformers
+
+    print(f"matcher calls of one loss call, batch {args.batch} at {args.imgsz} px, {args.objects} objects per image, "
+          f"bf16 autocast, {args.device}, torch {torch.__version__}, transformers {transformers.__version__}")
+    print(f"{'family':<16} {'matcher':<8} {'calls':>5} {'ops':>6} {'syncs':>5} {'ms':>9}")
+    for family in args.families:
+        for patched in (False, True):
+            r = count(family, patched, args, args.objects)
+            print(f"{family:<16} {'patched' if patched else 'own':<8} {r['calls']:>5} {r['ops']:>6} {r['syncs']:>5} "
+                  f"{r['ms']:>9.2f}", flush=True)
+            if args.top:
+                print("    " + ", ".join(f"{name} {n}" for name, n in r["top"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
