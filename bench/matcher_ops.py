@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _runs import detr_batch, sync  # noqa: E402
-from train_step_transformers import FAMILIES, build  # noqa: E402
+from train_step_transformers import FAMILIES, around_matcher, build  # noqa: E402
 
 from lucid_assign.integrations import _matching as core  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
@@ -49,18 +49,15 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@contextlib.contextmanager
 def counted(name: str, device, found: dict):
     """Every call of the matcher class's forward (patched or not) in the block: its operations, its copies to the
     host and its time, added up in ``found``."""
-    cls = next(c for n, c in lt._classes().items() if n == name)
-    inner = cls.forward
 
     def on_host(tensor, args, kwargs):  # Tensor.cpu in a matcher call
         found["host copies"] += 1
         return core.HOST_COPY.own(tensor, *args, **kwargs)
 
-    def forward(self, *args, **kwargs):
+    def around(inner, self, *args, **kwargs):
         sync(device)
         t0 = time.perf_counter()
         with _Count(found["ops"]), core.HOST_COPY.handled(on_host):
@@ -70,11 +67,7 @@ def counted(name: str, device, found: dict):
         found["calls"] += 1
         return out
 
-    cls.forward = forward
-    try:
-        yield
-    finally:
-        cls.forward = inner
+    return around_matcher(name, around)
 
 
 def loss_call(model, images, labels, device):

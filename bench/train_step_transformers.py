@@ -67,12 +67,25 @@ def step(model, opt, images, labels, device):
 
 
 @contextlib.contextmanager
-def timed_matcher(name: str, device, spans: list):
-    """Each call of the matcher class's forward (patched or not), timed between two synchronisations."""
+def around_matcher(name: str, around):
+    """Each call of the matcher class's forward (patched or not) made as ``around(forward, self, *args, **kwargs)``."""
     cls = next(c for n, c in lt._classes().items() if n == name)
     inner = cls.forward
 
     def forward(self, *args, **kwargs):
+        return around(inner, self, *args, **kwargs)
+
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = inner
+
+
+def timed_matcher(name: str, device, spans: list):
+    """Each call of the matcher class's forward, timed between two synchronisations (appended to ``spans``)."""
+
+    def around(inner, self, *args, **kwargs):
         sync(device)
         t0 = time.perf_counter()
         out = inner(self, *args, **kwargs)
@@ -80,11 +93,7 @@ def timed_matcher(name: str, device, spans: list):
         spans.append(time.perf_counter() - t0)
         return out
 
-    cls.forward = forward
-    try:
-        yield
-    finally:
-        cls.forward = inner
+    return around_matcher(name, around)
 
 
 def measure(args, objects: int) -> list:
