@@ -5,7 +5,7 @@ DN-DETR, DINO, RT-DETR(v2), D-FINE, DEIM and their forks) share one matcher patt
 pair of the batch is built on the device, copied to the host (``C.view(bs, num_queries, -1).cpu()``), split by the
 images' object counts (``C.split(sizes, -1)``), and each image's block goes to SciPy's ``linear_sum_assignment``
 (``[linear_sum_assignment(c[i]) for i, c in enumerate(C.split(sizes, -1))]``); some solve again with the matched
-columns masked (one-to-many matching).
+queries masked in the copy (one-to-many matching).
 
 ``patch(matcher)`` (a class, or ``"module:Class"``) leaves the class's cost as it is and wraps its ``forward``; the
 names its methods' modules bind to SciPy's function answer from lucid-assign while a patched forward runs (in that
@@ -18,7 +18,7 @@ thread), and are SciPy's own everywhere else. In a patched call:
   the copy, is solved on the device the cost was built on, together with every other image's block of that split:
   one call of ``torch.ops.lucid.linear_sum_assignment`` and one transfer of the matches, which are then handed out,
   SciPy's arrays, as the forward asks for them;
-- a block of a copy changed in place since it was made (the one-to-many variant's masked columns) is solved on the
+- a block of a copy changed in place since it was made (the one-to-many variant's masked queries) is solved on the
   CPU, from the copy's current values, with the same split's other blocks; a block of a copy that no split covers,
   alone;
 - anything else (a NumPy array, a block made otherwise than by slicing the copy, a dtype SciPy cannot take, a
@@ -254,10 +254,9 @@ def _solve_blocks(source: torch.Tensor, first: int, r: int, nr: int, c: int, siz
     if maximize:
         problems = -problems  # exact, as SciPy negates it
     rows, cols, info = core.solve(problems, where, backend)
-    k = rows.shape[1]
+    n, k = rows.numel(), rows.shape[1]
     found = core.HOST_COPY.own(torch.cat([rows.reshape(-1), cols.reshape(-1), info.reshape(-1).long()])).numpy()
-    rows, cols, info = found[:rows.numel()].reshape(-1, k), found[rows.numel():2 * rows.numel()].reshape(-1, k), \
-        found[2 * rows.numel():]
+    rows, cols, info = found[:n].reshape(-1, k), found[n:2 * n].reshape(-1, k), found[2 * n:]
     out = []
     for j, n in enumerate(sizes):
         m = min(nr, n)
