@@ -59,7 +59,8 @@ _DTYPES = (torch.float16, torch.float32, torch.float64)  # the copies' dtypes Sc
 _local = threading.local()  # .session: the patched forward running in this thread, or None
 
 # STATE (_patching.py): originals, class -> its own forward (None: inherited), while any is patched; report; backend
-_bound: dict = {}  # (id of a module's globals, name) -> [that globals dict, SciPy's function, the classes using it]
+_bound: dict = {}  # (id of a module's globals, name) -> (that globals dict, SciPy's function, the classes using it)
+_solver = None  # the one replacement of SciPy's function (_patched_solver), made at the first patch()
 
 
 def _scipy(*args, **kwargs):
@@ -363,14 +364,15 @@ def patch(matcher, backend: str = "auto") -> None:
         STATE.backend = backend
         if cls in (STATE.originals or {}):
             return
-        solver = _SOLVER.get("solver") or _SOLVER.setdefault(
-            "solver", _patched_solver(scipy.optimize.linear_sum_assignment))
+        global _solver
+        if _solver is None:
+            _solver = _patched_solver(scipy.optimize.linear_sum_assignment)
         names = []
         for g in _modules_of(cls):
             for name, value in list(g.items()):
-                if value is scipy.optimize.linear_sum_assignment or (value is solver and (id(g), name) in _bound):
+                if value is scipy.optimize.linear_sum_assignment or value is _solver:  # SciPy's, or replaced already
                     _bound.setdefault((id(g), name), (g, value, set()))[2].add(cls)
-                    g[name] = solver
+                    g[name] = _solver
                     names.append(f"{g.get('__name__', '?')}.{name}")
         if not names:
             STATE.report[_name(cls)] = ("left as it is: the modules of its methods bind no "
@@ -383,9 +385,6 @@ def patch(matcher, backend: str = "auto") -> None:
         cls.forward = _patched_forward(cls, cls.forward)
         STATE.report[_name(cls)] = f"patched (SciPy's function as {', '.join(sorted(set(names)))})"
         STATE.originals = originals
-
-
-_SOLVER: dict = {}  # "solver": the one replacement of SciPy's function (its identity marks the names replaced)
 
 
 def unpatch(matcher=None) -> None:
@@ -428,11 +427,9 @@ class patched:
         return self
 
     def __exit__(self, *exc):
-        if self.was:
-            STATE.backend = self.before
-        else:
+        if not self.was:
             unpatch(self.cls)
-            STATE.backend = self.before
+        STATE.backend = self.before
 
 
 def patch_report() -> list:
