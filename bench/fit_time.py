@@ -240,12 +240,30 @@ def table(result: dict) -> str:
 
 GIVEN = ("recipe", "model", "images", "imgsz", "classes", "epochs", "batch", "workers", "cache", "device", "amp",
          "backend", "val_images")  # the record's arguments (those that make the fits what they are), and --pairs
-SAME_MACHINE = ("torch", "cuda", "gpu", "cpu", "python", "lucid_assign", "ultralytics", "commit")
+SAME_MACHINE = ("torch", "cuda", "gpu", "cpu", "python", "lucid_assign", "ultralytics", "code")
+
+
+def code_digest() -> str:
+    """What the fits run, as one digest: the imported package's sources and built extension, and this script. A record
+    resumes only with the same code (a commit that changes neither, a new session's checkout of it, may go on)."""
+    import hashlib
+
+    import lucid_assign
+
+    root = os.path.dirname(os.path.abspath(lucid_assign.__file__))
+    files = sorted(os.path.join(d, n) for d, _, names in os.walk(root) for n in names
+                   if n.endswith((".py", ".so", ".pyd")) and "__pycache__" not in d)
+    h = hashlib.sha256()
+    for path in files + [os.path.abspath(__file__)]:
+        h.update(os.path.relpath(path, os.path.dirname(root)).encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
 
 
 def _resumed(args, given: dict, environment: dict, order: list) -> list:
     """The fits of an existing record at --out when --resume is given and the record is of these arguments, this
-    machine and this tree; [] when there is none."""
+    machine and this code; [] when there is none."""
     if not (args.resume and os.path.exists(args.out)):
         return []
     with open(args.out) as f:
@@ -328,7 +346,7 @@ def main() -> int:
 
     from lucid_assign.bench import environment
 
-    env = environment()
+    env = environment() | dict(code=code_digest())
     given = {k: getattr(args, k) for k in GIVEN} | dict(images=images, classes=classes, pairs=args.pairs)
     order = [(pair, variant) for pair in range(args.pairs)
              for variant in (("plain", "patched") if pair % 2 == 0 else ("patched", "plain"))]

@@ -187,6 +187,10 @@ def test_fit_benchmark_runs_complete_fits_on_the_cpu(tmp_path, library):
     other = subprocess.run(cmd + ["--pairs", "2", "--resume", "--epochs", "3"], capture_output=True, text=True,
                            timeout=300)
     assert other.returncode != 0 and "holds fits of other arguments" in other.stderr
+    record["environment"]["code"] = "0" * 16  # fits of other code (package sources, extension or this script)
+    out.write_text(json.dumps(record))
+    other = subprocess.run(cmd + ["--pairs", "3", "--resume"], capture_output=True, text=True, timeout=300)
+    assert other.returncode != 0 and "was made with another code" in other.stderr
 
 
 def test_fit_summary_says_where_the_end_states_differ():
