@@ -29,8 +29,8 @@ trainer that is not deterministic on this device: then nothing can be compared b
 fits ran on the CPU (whose contract is a stated tolerance, docs/design.md: it says where they differ).
 
 --out writes the record (environment, arguments, every fit, the summary) as JSON after each fit; with --resume an
-existing record of the same arguments is continued up to --pairs pairs (a run stopped between fits goes on where it
-stopped), and with --folder the dataset written there is reused.
+existing record of the same arguments and code is continued up to --pairs pairs (a run stopped between fits goes on
+where it stopped; --max-fits N stops after N fits), and with --folder the dataset written there is reused.
 
 Recipes (--images, --imgsz, --model, --classes and --epochs override them); 64 steps an epoch or more at batch 16:
   dota-obb      yolo26n-obb, 1024 px, 15 classes, 1,024 images, 20 epochs; objects per image log-normal with a
@@ -322,6 +322,7 @@ def main() -> int:
     p.add_argument("--folder", help="where to write the dataset and the runs (default: a temporary folder)")
     p.add_argument("--out", help="write the record (environment, arguments, every fit, the summary) as JSON")
     p.add_argument("--resume", action="store_true", help="continue the record at --out (same arguments)")
+    p.add_argument("--max-fits", type=int, help="run at most this many fits now (the record stays open for --resume)")
     p.add_argument("--run", choices=("plain", "patched"), help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     p.add_argument("--project", help=argparse.SUPPRESS)
@@ -343,6 +344,8 @@ def main() -> int:
         p.error(f"--val-images: between 1 and the images ({images})")
     if args.resume and not args.out:
         p.error("--resume: needs --out")
+    if args.max_fits is not None and args.max_fits < 1:
+        p.error("--max-fits: at least 1")
 
     from lucid_assign.bench import environment
 
@@ -362,7 +365,7 @@ def main() -> int:
             "--model", args.model, "--imgsz", str(args.imgsz), "--batch", str(args.batch), "--epochs",
             str(args.epochs), "--workers", str(args.workers), "--cache", args.cache, "--device", args.device,
             "--amp", args.amp, "--backend", args.backend]
-    for pair, variant in order[len(fits):]:
+    for pair, variant in order[len(fits):][:args.max_fits]:
         name = f"{variant}-{pair}"
         shutil.rmtree(os.path.join(project, name), ignore_errors=True)  # a fit stopped before: its rows would stay
         out, wall = run_logged(base + ["--run", variant, "--name", name], os.path.join(folder, f"{name}.log"))
@@ -382,6 +385,9 @@ def main() -> int:
                 json.dump(record, f, indent=1)
     result = summary(fits, args.device)
     print(table(result))
+    if len(fits) < len(order):
+        print(f"{len(fits)} of {len(order)} fits done: --resume goes on", flush=True)
+        return 0
     return exit_status(result)
 
 

@@ -166,11 +166,13 @@ def test_fit_benchmark_runs_complete_fits_on_the_cpu(tmp_path, library):
     cmd = [sys.executable, path, "--recipe", "dota-obb", "--device", "cpu", "--amp", "false", "--images", "4",
            "--imgsz", "64", "--epochs", "2", "--workers", "0", "--folder", str(tmp_path / "work"), "--out", str(out)]
     runs = [subprocess.run(cmd + extra, capture_output=True, text=True, timeout=900)
-            for extra in (["--pairs", "1"], ["--pairs", "2", "--resume"])]
+            for extra in (["--pairs", "1"], ["--pairs", "2", "--resume", "--max-fits", "1"],
+                          ["--pairs", "2", "--resume"])]
     for run in runs:
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "the dataset written" in runs[0].stdout and "the dataset written" not in runs[1].stdout
-    assert "2 of 4 fits done" in runs[1].stdout
+    assert "the dataset written" in runs[0].stdout and "the dataset written" not in runs[1].stdout + runs[2].stdout
+    assert "2 of 4 fits done" in runs[1].stdout and "3 of 4 fits done: --resume goes on" in runs[1].stdout
+    assert "3 of 4 fits done" in runs[2].stdout
     record = json.loads(out.read_text())
     assert [(f["variant"], f["pair"]) for f in record["fits"]] == [("plain", 0), ("patched", 0), ("patched", 1),
                                                                     ("plain", 1)]
@@ -182,7 +184,7 @@ def test_fit_benchmark_runs_complete_fits_on_the_cpu(tmp_path, library):
     patched = [f for f in record["fits"] if f["variant"] == "patched"]
     assert summary["plain_differ"] == [] and fit_time._agree(patched) == []
     assert 0 < summary["patched"]["loop_share"]["median"] < 1 and summary["patched"]["patch_s"]["max"] > 0
-    assert "end state" in runs[1].stdout
+    assert "end state" in runs[2].stdout
     assert str(tmp_path) not in out.read_text()  # the record keeps no path of the machine that made it
     other = subprocess.run(cmd + ["--pairs", "2", "--resume", "--epochs", "3"], capture_output=True, text=True,
                            timeout=300)
@@ -251,7 +253,8 @@ def test_the_matcher_ops_bench_counts_a_loss_call(library):
     """bench/matcher_ops.py, tiny: DETR's loss call (six matcher calls), own and patched, counted."""
     pytest.importorskip("transformers")
     path, _ = _bench_script("matcher_ops")
-    run = subprocess.run([sys.executable, path, "--families", "detr", "--imgsz", "64", "--batch", "1", "--objects", "2"],
+    run = subprocess.run([sys.executable, path, "--families", "detr", "--imgsz", "64", "--batch", "1",
+                          "--objects", "2"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith("detr ")]
