@@ -3,7 +3,7 @@ every object of the batch on the device, ``.cpu()``, split by the images' object
 against patched by lucid_assign.integrations.detr, as a DETR loss calls it: once per decoder layer.
 
     python bench/detr_pattern.py --device cuda                       # batch 16 and 32, 10 / 50 / 200 objects
-    python bench/detr_pattern.py --device cuda --page-locked         # the copies into page-locked memory
+    python bench/detr_pattern.py --device cuda --pageable            # the copies into pageable memory, as .cpu()
     python bench/detr_pattern.py --device cpu --batch 16 --calls 3   # the 2-core VM
     python bench/detr_pattern.py --device cpu --batch 2 --objects 5 --layers 2 --calls 1   # smoke test
 
@@ -104,13 +104,14 @@ def main() -> int:
     p.add_argument("--classes", type=int, default=80)
     p.add_argument("--calls", type=int, default=5, help="timed loss calls per variant (after one warm-up)")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--page-locked", action="store_true",
-                   help="the patched forward's copies of CUDA costs into page-locked memory (detr.PAGE_LOCKED)")
+    p.add_argument("--pageable", action="store_true",
+                   help="the patched forward's copies of CUDA costs into pageable memory, as .cpu() makes them "
+                        "(detr.PAGE_LOCKED off)")
     p.add_argument("--out", help="write the record as JSON")
     args = p.parse_args()
-    detr.PAGE_LOCKED = args.page_locked
+    detr.PAGE_LOCKED = not args.pageable
     env = environment()
-    locked = ", copies page-locked" if args.page_locked else ""
+    locked = ", copies pageable" if args.pageable else ""
     print(f"DETR-pattern matcher, a loss call of {args.layers} layers, {args.queries} queries, {args.classes} "
           f"classes{locked}, device {args.device} ({env['gpu'] or env['cpu']}, {env['cpu_threads']} CPU threads), "
           f"torch {env['torch']}, {env['date']}, commit {env['commit']}", flush=True)
@@ -127,7 +128,9 @@ def main() -> int:
                   f"{'yes' if r['same'] else 'NO'}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(environment=env, args=vars(args), cases=rows), f, indent=1)
+            given = {k: v for k, v in vars(args).items() if k not in ("out", "pageable")}
+            json.dump(dict(environment=env, args=given | dict(page_locked=detr.PAGE_LOCKED), cases=rows), f,
+                      indent=1)
     return 0 if all(r["same"] for r in rows) else 1
 
 

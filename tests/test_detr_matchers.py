@@ -370,10 +370,10 @@ def test_the_cli_starts_without_dynamo_or_a_trainer():
 
 
 @pytest.mark.cuda
-def test_the_forward_gets_its_copy_in_page_locked_memory(library, monkeypatch):
-    """With detr.PAGE_LOCKED, on CUDA, the patched forward's .cpu() copy is made into page-locked memory: the same
-    values, dtype, shape and strides as torch's .cpu(); the matches the same."""
-    monkeypatch.setattr(detr, "PAGE_LOCKED", True)
+def test_the_forward_gets_its_copy_in_page_locked_memory(library):
+    """On CUDA, the patched forward's .cpu() copy is made into page-locked memory (detr.PAGE_LOCKED, on by default):
+    the same values, dtype, shape and strides as torch's .cpu(); the matches the same."""
+    assert detr.PAGE_LOCKED
     seen = []
 
     class Seeing(dm.SoftmaxMatcher):

@@ -12,8 +12,8 @@ names its methods' modules bind to SciPy's function answer from lucid-assign whi
 thread), and are SciPy's own everywhere else. In a patched call:
 
 - each ``.cpu()`` copy of a 2-D or 3-D floating tensor is noted (the tensor on its device and the copy; the copy is
-  made as before, or with ``PAGE_LOCKED`` into page-locked memory), and each ``split`` of such a copy along its last
-  dim;
+  made into page-locked memory, the same values, dtype, shape and strides as ``.cpu()``'s, or as before where
+  ``PAGE_LOCKED`` is off), and each ``split`` of such a copy along its last dim;
 - a block handed to SciPy that is an image's block of a noted split (``c[i]`` of the i-th piece), unchanged since
   the copy, is solved on the device the cost was built on, together with every other image's block of that split:
   one call of ``torch.ops.lucid.linear_sum_assignment`` and one transfer of the matches, which are then handed out,
@@ -51,10 +51,10 @@ from . import _matching as core
 from ._patching import DETR as STATE
 
 SPLIT = core.TensorHook("split")  # a copy's split by the images' object counts
-# Copies of CUDA costs made into page-locked memory: the same copy (values, dtype, shape, strides), which the copy
-# engine fills several times faster than the pageable memory .cpu() allocates; that copy, 61 MB a layer at 16 x 300 x
-# 3,200, took most of a patched loss call on the H200 (docs/performance.md). Off until a GPU run has measured it.
-PAGE_LOCKED = False
+# Copies of CUDA costs made into page-locked memory (torch's caching host allocator): the same copy (values, dtype,
+# shape, strides), which the copy engine fills several times faster than the pageable memory .cpu() allocates; that
+# copy, 61 MB a layer at 16 x 300 x 3,200, is most of a loss call (docs/performance.md). False: .cpu()'s own copy.
+PAGE_LOCKED = True
 _DTYPES = (torch.float16, torch.float32, torch.float64)  # the copies' dtypes SciPy takes (and the op widens exactly)
 _local = threading.local()  # .session: the patched forward running in this thread, or None
 
