@@ -329,4 +329,77 @@ inline DetrCostDims check_detr_cost_args(const at::Tensor& pred_bboxes, const at
   return {B, Q, C, N, width};
 }
 
+// torch.ops.lucid.detr_cost.family: scores (L, B, Q, C) and boxes (L, B, Q, 4) float (any strides), labels (N,)
+// integers and objects (N, 4) float (the batch's objects, image after image), sizes (B,) integers on the same device,
+// width >= 1, groups >= 1 dividing Q, three gains, class_term 0 or 1, gamma >= 0, l1_order 0 or 1, six dtype codes
+// (detr_cost.h's DtypeCode) and class_cost, where given, (L, B, Q, width) float. Sizes on the CPU are checked here;
+// on the GPU a column without a valid object gets a NaN cost instead (never sanitized), which the solver refuses.
+struct FamilyCostDims {
+  int64_t L, B, Q, C, N, W, G;
+};
+
+inline FamilyCostDims check_family_cost_args(const at::Tensor& scores, const at::Tensor& boxes,
+                                             const at::Tensor& labels, const at::Tensor& objects,
+                                             const at::Tensor& sizes, int64_t width, int64_t groups,
+                                             c10::ArrayRef<double> gains, int64_t class_term, double gamma,
+                                             int64_t l1_order, c10::ArrayRef<int64_t> dtypes,
+                                             const c10::optional<at::Tensor>& class_cost) {
+  TORCH_CHECK_VALUE(scores.dim() == 4, "scores must be (L, B, Q, C), got ", scores.sizes());
+  const int64_t L = scores.size(0), B = scores.size(1), Q = scores.size(2), C = scores.size(3);
+  TORCH_CHECK_VALUE(boxes.dim() == 4 && boxes.size(0) == L && boxes.size(1) == B && boxes.size(2) == Q &&
+                        boxes.size(3) == 4,
+                    "boxes must be (L, B, Q, 4) = (", L, ", ", B, ", ", Q, ", 4) (cx, cy, w, h), got ", boxes.sizes());
+  TORCH_CHECK_VALUE(objects.dim() == 2 && objects.size(1) == 4, "objects must be (N, 4) (cx, cy, w, h), got ",
+                    objects.sizes());
+  const int64_t N = objects.size(0);
+  TORCH_CHECK_VALUE(labels.dim() == 1 && labels.size(0) == N, "labels must be (N,) = (", N,
+                    ",), one class per object, got ", labels.sizes());
+  TORCH_CHECK_VALUE(sizes.dim() == 1 && sizes.size(0) == B, "sizes must be (B,) = (", B,
+                    ",), the objects of each image, got ", sizes.sizes());
+  for (const auto* t : {&scores, &boxes, &objects}) {
+    TORCH_CHECK_TYPE(is_float_type(t->scalar_type()) && t->scalar_type() != at::kDouble,
+                     "scores, boxes and objects must be float16, bfloat16 or float32, got ", t->scalar_type());
+  }
+  TORCH_CHECK_TYPE(c10::isIntegralType(labels.scalar_type(), /*includeBool=*/false),
+                   "labels must hold integers (class indices), got ", labels.scalar_type());
+  TORCH_CHECK_TYPE(c10::isIntegralType(sizes.scalar_type(), /*includeBool=*/false),
+                   "sizes must hold integers (the objects of each image), got ", sizes.scalar_type());
+  TORCH_CHECK_VALUE(width >= 1, "width must be >= 1 (the cost's columns), got ", width);
+  TORCH_CHECK_VALUE(groups >= 1 && Q % groups == 0, "groups must be >= 1 and divide the queries (", Q, "), got ",
+                    groups);
+  TORCH_CHECK_VALUE(gains.size() == 3, "gains must be 3 numbers (class, bbox, giou), got ", gains.size());
+  TORCH_CHECK_VALUE(class_term == 0 || class_term == 1,
+                    "class_term must be 0 (minus the given probability) or 1 (focal), got ", class_term);
+  TORCH_CHECK_VALUE(std::isfinite(gamma) && gamma >= 0, "gamma must be a finite number >= 0, got ", gamma);
+  TORCH_CHECK_VALUE(l1_order == 0 || l1_order == 1,
+                    "l1_order must be 0 (in turn) or 1 ((dx + dw) + (dy + dh)), got ", l1_order);
+  TORCH_CHECK_VALUE(dtypes.size() == 6, "dtypes must be 6 codes (prob, l1, pred_corners, gt_corners, pairs, sum), got ",
+                    dtypes.size());
+  for (const int64_t code : dtypes) {
+    TORCH_CHECK_VALUE(code >= 0 && code <= 2, "dtypes must be codes 0 (float32), 1 (bfloat16) or 2 (float16), got ",
+                      code);
+  }
+  check_one_device(scores, {&boxes, &labels, &objects, &sizes});
+  if (class_cost.has_value()) {
+    const auto& c = *class_cost;
+    TORCH_CHECK_VALUE(c.dim() == 4 && c.size(0) == L && c.size(1) == B && c.size(2) == Q && c.size(3) == width,
+                      "class_cost must be (L, B, Q, width) = (", L, ", ", B, ", ", Q, ", ", width, "), got ",
+                      c.sizes());
+    TORCH_CHECK_TYPE(is_float_type(c.scalar_type()), "class_cost must be float, got ", c.scalar_type());
+    check_one_device(scores, {&c});
+  }
+  if (sizes.is_cpu()) {
+    const auto v = sizes.to(at::kLong).contiguous();
+    const int64_t* p = v.data_ptr<int64_t>();
+    int64_t total = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK_VALUE(p[b] >= 0 && p[b] <= width, "sizes[", b, "] must be in [0, width] = [0, ", width, "], got ",
+                        p[b]);
+      total += p[b];
+    }
+    TORCH_CHECK_VALUE(total == N, "sizes must add up to N = ", N, " (the objects), got ", total);
+  }
+  return {L, B, Q, C, N, width, groups};
+}
+
 }  // namespace lucid

@@ -1,5 +1,6 @@
 // The DETR matching cost (the peer's RT-DETR matcher's) of one (query, object) pair (docs/spec.md, "DETR matching
-// cost"), shared by the CPU and CUDA kernels of torch.ops.lucid.detr_cost. Torch-free, header-only, host and device.
+// cost"), shared by the CPU and CUDA kernels of torch.ops.lucid.detr_cost. Header-only (c10's float16 and bfloat16
+// only), host and device.
 //
 // The peer computes the cost as a chain of PyTorch operations on float32 tensors; each operation rounds its result.
 // This is the same chain, one rounding per operation (geometry.h), in the peer's order:
@@ -17,6 +18,9 @@
 
 #include <cstdint>
 #include <limits>
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include "geometry.h"
 
@@ -104,6 +108,125 @@ LUCID_HD float column_cost(const Score* scores, int64_t C, const float* pd, cons
   const int64_t c = object ? cls[g] : 0;
   if (c < 0 || c >= C) return std::numeric_limits<float>::quiet_NaN();
   return pair_cost(static_cast<float>(scores[c]), pd, object ? gt + g * 4 : zero_box, s);
+}
+
+// ---- the cost of transformers' DETR-family matchers ------------------------------------------------------------
+// (docs/spec.md, "DETR family cost"). Each family (DETR's softmax, the focal families: Deformable DETR, RT-DETR,
+// LW-DETR) builds its cost from the query's class scores and box against the object's class and box, as a chain of
+// PyTorch operations; each operation computes in float32 (PyTorch's opmath for float16 and bfloat16) and rounds its
+// result to its tensor's dtype. FamilySettings names the dtype of each step (the caller reads them off the family's
+// own operations in the call's autocast region); `round_as` is that rounding, round to nearest even.
+
+enum DtypeCode : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+enum ClassTerm : int {
+  kClassProbability = 0,  // minus the given probability of the object's class (a softmax's, computed by PyTorch)
+  kClassFocal = 1,        // the focal terms of sigmoid(logit of the object's class)
+};
+
+LUCID_HD float round_as(float x, int code) {
+  if (code == kBFloat16) return static_cast<float>(c10::BFloat16(x));
+  if (code == kFloat16) return static_cast<float>(c10::Half(x));
+  return x;
+}
+
+struct FamilySettings {
+  float gain_class, gain_bbox, gain_giou;
+  float alpha, one_minus_alpha, gamma;  // each Python number rounded once to float32 (1 - alpha in double first)
+  int class_term;                       // ClassTerm
+  int l1_order;                         // L1Order of cdist's sum: in turn on the CPU, interleaved on CUDA
+  int prob, l1, pred_corners, gt_corners, pairs, sum;  // DtypeCode of each step (FamilyDtypes in ops.cpp's order)
+  bool sanitize;                        // NaN and +-inf become `top` (torch.nan_to_num with the dtype's max)
+  float top;
+};
+
+// The settings as the family's operations see them (each Python number rounded once to float32, 1 - alpha computed in
+// double first); dtypes in the order prob, l1, pred_corners, gt_corners, pairs, sum.
+inline FamilySettings make_family_settings(double gain_class, double gain_bbox, double gain_giou, int64_t class_term,
+                                           double alpha, double gamma, int64_t l1_order, const int64_t* dtypes,
+                                           bool sanitize, double top) {
+  FamilySettings s{};
+  s.gain_class = static_cast<float>(gain_class), s.gain_bbox = static_cast<float>(gain_bbox);
+  s.gain_giou = static_cast<float>(gain_giou);
+  s.alpha = static_cast<float>(alpha), s.one_minus_alpha = static_cast<float>(1.0 - alpha);
+  s.gamma = static_cast<float>(gamma);
+  s.class_term = static_cast<int>(class_term), s.l1_order = static_cast<int>(l1_order);
+  s.prob = static_cast<int>(dtypes[0]), s.l1 = static_cast<int>(dtypes[1]);
+  s.pred_corners = static_cast<int>(dtypes[2]), s.gt_corners = static_cast<int>(dtypes[3]);
+  s.pairs = static_cast<int>(dtypes[4]), s.sum = static_cast<int>(dtypes[5]);
+  s.sanitize = sanitize, s.top = static_cast<float>(top);
+  return s;
+}
+
+// The focal class term of probability p (dtype s.prob): alpha * (1 - p)^gamma * -log(p + 1e-8) minus
+// (1 - alpha) * p^gamma * -log((1 - p) + 1e-8), each operation rounded to s.prob.
+LUCID_HD float focal_term(float p, const FamilySettings& s) {
+  using namespace geom;
+  const int d = s.prob;
+  const float tiny = static_cast<float>(1e-8);
+  const float q = round_as(sub(1.0f, p), d);
+  const float pos = round_as(mul(round_as(mul(s.alpha, round_as(pow_scalar(q, s.gamma), d)), d),
+                                 -round_as(log_(round_as(add(p, tiny), d)), d)), d);
+  const float neg = round_as(mul(round_as(mul(s.one_minus_alpha, round_as(pow_scalar(p, s.gamma), d)), d),
+                                 -round_as(log_(round_as(add(q, tiny), d)), d)), d);
+  return round_as(sub(pos, neg), d);
+}
+
+// The class term of a query's score x for the object's class: minus x (a probability) or the focal term of
+// sigmoid(x), in dtype s.prob.
+LUCID_HD float class_term(float x, const FamilySettings& s) {
+  using namespace geom;
+  if (s.class_term == kClassProbability) return -x;
+  return focal_term(round_as(div(1.0f, add(1.0f, exp_(-x))), s.prob), s);
+}
+
+// (cx, cy, w, h) as corners, transformers' center_to_corners_format in dtype d: (cx - 0.5 * w, cy - 0.5 * h,
+// cx + 0.5 * w, cy + 0.5 * h).
+LUCID_HD void hf_corners(const float* b, int d, float* c) {
+  using namespace geom;
+  const float hw = round_as(mul(0.5f, b[2]), d), hh = round_as(mul(0.5f, b[3]), d);
+  c[0] = round_as(sub(b[0], hw), d), c[1] = round_as(sub(b[1], hh), d);
+  c[2] = round_as(add(b[0], hw), d), c[3] = round_as(add(b[1], hh), d);
+}
+
+// transformers' corner check: x2 >= x1 and y2 >= y1 (false for NaN).
+LUCID_HD bool hf_corners_valid(const float* c) { return c[2] >= c[0] && c[3] >= c[1]; }
+
+// The family cost of a query (box pd, cx cy w h, as stored) against an object (box gt), given the class term `cls`
+// (dtype s.prob):
+//   l1   = cdist's |dx| + |dy| + |dw| + |dh| in float32 (order s.l1_order), rounded to s.l1
+//   giou = transformers' generalized_box_iou of the corners: areas in float32, the pairwise overlaps and enclosure
+//          in s.pairs, union and the ratios in float32
+//   cost = (gain_bbox * l1 + gain_class * cls) + gain_giou * -giou, each product in its term's dtype, the first sum in
+//          s.sum, the second in float32; with sanitize, NaN and +-inf become s.top.
+// Also whether the query's and the object's corners are valid (the family raises where one is not).
+LUCID_HD float family_cost(float cls, const float* pd, const float* gt, const FamilySettings& s) {
+  using namespace geom;
+  float d[4];
+  for (int k = 0; k < 4; ++k) d[k] = ::fabsf(sub(pd[k], gt[k]));
+  const float l1 = round_as(s.l1_order == kL1Sequential ? add(add(add(d[0], d[1]), d[2]), d[3])
+                                                        : cuda_order_sum<float>(4, [&](int k) { return d[k]; }),
+                            s.l1);
+  float p[4], g[4];
+  hf_corners(pd, s.pred_corners, p);
+  hf_corners(gt, s.gt_corners, g);
+  const int r = s.pairs;
+  const float area1 = mul(sub(p[2], p[0]), sub(p[3], p[1])), area2 = mul(sub(g[2], g[0]), sub(g[3], g[1]));
+  const float inter = round_as(mul(clamp_min(round_as(sub(min_(p[2], g[2]), max_(p[0], g[0])), r), 0.0f),
+                                   clamp_min(round_as(sub(min_(p[3], g[3]), max_(p[1], g[1])), r), 0.0f)),
+                               r);
+  const float uni = sub(add(area1, area2), inter);
+  const float iou = div(inter, uni);
+  const float area = round_as(mul(clamp_min(round_as(sub(max_(p[2], g[2]), min_(p[0], g[0])), r), 0.0f),
+                                  clamp_min(round_as(sub(max_(p[3], g[3]), min_(p[1], g[1])), r), 0.0f)),
+                              r);
+  const float giou = sub(iou, div(sub(area, uni), area));
+  const float first = round_as(add(round_as(mul(s.gain_bbox, l1), s.l1), round_as(mul(s.gain_class, cls), s.prob)),
+                               s.sum);
+  const float cost = add(first, mul(s.gain_giou, -giou));
+  constexpr float kFloatMax = 3.402823466e+38f;
+  if (s.sanitize && !(::fabsf(cost) <= kFloatMax)) return s.top;
+  return cost;
 }
 
 }  // namespace detr

@@ -79,6 +79,17 @@ TORCH_LIBRARY(lucid, m) {
   m.def(
       "detr_cost(Tensor pred_bboxes, Tensor pred_scores, Tensor gt_bboxes, Tensor gt_cls, Tensor sizes, int width, "
       "float[] gains, float alpha, float gamma, *, bool sanitize=True, int l1_order=1) -> Tensor");
+  // The cost of transformers' DETR-family matchers (docs/spec.md, "DETR family cost"; detr_cost.h's family_cost) for
+  // every layer of a loss call at once: scores and boxes (L, B, Q, .), the batch's objects image after image. Returns
+  // (cost, invalid): the problems (L * B * groups, Q / groups, width) float32 of linear_sum_assignment, problem
+  // (l, b, g) query g * Q / groups + i of image b in layer l against the image's object j (0 past its objects), and
+  // invalid (1,) int32, nonzero where some query's or object's corners are not x2 >= x1 and y2 >= y1 (the family
+  // raises then). dtypes: the DtypeCode of the probabilities, the L1, the queries' corners, the objects' corners, the
+  // pairwise GIoU terms and the first sum; class_cost, where given, is each entry's class term.
+  m.def(
+      "detr_cost.family(Tensor scores, Tensor boxes, Tensor labels, Tensor objects, Tensor sizes, int width, "
+      "int groups, float[] gains, int class_term, float alpha, float gamma, int l1_order, int[] dtypes, "
+      "bool sanitize, float top, Tensor? class_cost=None) -> (Tensor, Tensor)");
 }
 
 // The assignment and the matching produce targets, not something to differentiate: the outputs are constants. A
@@ -87,7 +98,7 @@ TORCH_LIBRARY(lucid, m) {
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op :
        {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose",
-        "assign_seg", "linear_sum_assignment", "detr_cost"}) {
+        "assign_seg", "linear_sum_assignment", "detr_cost", "detr_cost.family"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

@@ -240,6 +240,42 @@ def detr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: t
                                                sanitize=bool(sanitize), l1_order=int(l1_order))
 
 
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # csrc/detr_cost.h's DtypeCode
+FAMILY_DTYPES = ("prob", "l1", "pred_corners", "gt_corners", "pairs", "sum")  # detr_cost.family's dtypes, in order
+
+
+def detr_family_cost(scores: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, objects: torch.Tensor,
+                     sizes: torch.Tensor, width: int, groups: int, gains, *, focal: bool, alpha: float = 0.25,
+                     gamma: float = 2.0, l1_order: int = 1, dtypes: dict, sanitize: bool = True,
+                     class_cost: torch.Tensor | None = None) -> tuple:
+    """The cost of transformers' DETR-family matchers for every layer of a loss call at once,
+    ``torch.ops.lucid.detr_cost.family`` (docs/spec.md, "DETR family cost"), with no host synchronisation.
+
+    Args:
+        scores: (L, B, Q, C) float16, bfloat16 or float32, any strides: the logits (``focal``) or the probabilities
+            (a softmax's, DETR's class term: minus the object's class probability).
+        boxes: (L, B, Q, 4) the queries' boxes (cx, cy, w, h); labels (N,) integers and objects (N, 4) the batch's
+            objects, image after image; sizes (B,) their counts per image, on the same device.
+        width: the problems' columns (at least the largest count, at least 1); groups: query groups (dividing Q).
+        gains: (class, bbox, giou); alpha, gamma: the focal term's; l1_order: 0 in turn (PyTorch's CPU cdist), 1 as
+            (dx + dw) + (dy + dh) (its CUDA cdist).
+        dtypes: the dtype of each step, keys FAMILY_DTYPES (float32, bfloat16 or float16); the cost's own is
+            float32, whose largest value NaN and +-inf become with ``sanitize``.
+        class_cost: (L, B, Q, width), where given, each entry's class term (else computed from ``scores``).
+
+    Returns:
+        ``(cost, invalid)``: cost (L * B * groups, Q / groups, width) float32, problem (l, b, g) row i the query
+        g * Q / groups + i of image b in layer l against the image's objects (0 past them; NaN for a class outside
+        [0, C)); invalid (1,) int32, nonzero where some query's or object's corners are not x2 >= x1, y2 >= y1.
+    """
+    _require("detr_cost")
+    codes = [DTYPE_CODES[dtypes[k]] for k in FAMILY_DTYPES]
+    return torch.ops.lucid.detr_cost.family(scores, boxes, labels, objects, sizes, int(width), int(groups),
+                                            [float(g) for g in gains], int(bool(focal)), float(alpha), float(gamma),
+                                            int(l1_order), codes, bool(sanitize),
+                                            float(torch.finfo(torch.float32).max), class_cost)
+
+
 def _opt_float(x) -> float | None:
     return None if x is None else float(x)
 
@@ -316,6 +352,18 @@ if _library.loaded():
         torch._check_value(width >= 0, lambda: f"width must be >= 0, got {width}")
         bs, queries = pred_scores.shape[:2]
         return pred_scores.new_empty((bs, queries, width), dtype=torch.float32)
+
+    @torch.library.register_fake("lucid::detr_cost.family")
+    def _detr_family_cost_fake(scores, boxes, labels, objects, sizes, width, groups, gains, class_term, alpha, gamma,
+                               l1_order, dtypes, sanitize, top, class_cost=None):
+        _one_device(scores, boxes, labels, objects, sizes)
+        torch._check_value(scores.dim() == 4, lambda: f"scores must be (L, B, Q, C), got {tuple(scores.shape)}")
+        torch._check_value(width >= 1, lambda: f"width must be >= 1, got {width}")
+        layers, bs, queries = scores.shape[:3]
+        torch._check_value(groups >= 1 and queries % groups == 0,
+                           lambda: f"groups must be >= 1 and divide the queries ({queries}), got {groups}")
+        return (scores.new_empty((layers * bs * groups, queries // groups, width), dtype=torch.float32),
+                scores.new_empty((1,), dtype=torch.int32))
 
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,

@@ -1,9 +1,12 @@
 // torch.ops.lucid.detr_cost on the CPU (docs/spec.md, "DETR matching cost"): detr_cost.h's column cost for every
-// (image, query, column), the images' rows as parallel tasks.
+// (image, query, column), the images' rows as parallel tasks; and its family overload (below).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <limits>
+#include <tuple>
 #include <vector>
 
 #include "checks.h"
@@ -44,9 +47,73 @@ at::Tensor detr_cost_cpu(const at::Tensor& pred_bboxes, const at::Tensor& pred_s
   return out;
 }
 
+// torch.ops.lucid.detr_cost.family on the CPU: detr_cost.h's family_cost of every (layer, image, query, column), the
+// rows as parallel tasks. The class term is the given class_cost where there is one (the integration passes the
+// family's own, whose math functions are ATen's vectorised ones), else detr_cost.h's class_term (the C library's).
+std::tuple<at::Tensor, at::Tensor> detr_family_cost_cpu(
+    const at::Tensor& scores, const at::Tensor& boxes, const at::Tensor& labels, const at::Tensor& objects,
+    const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_term,
+    double alpha, double gamma, int64_t l1_order, c10::ArrayRef<int64_t> dtypes, bool sanitize, double top,
+    const c10::optional<at::Tensor>& class_cost) {
+  const FamilyCostDims d = check_family_cost_args(scores, boxes, labels, objects, sizes, width, groups, gains,
+                                                  class_term, gamma, l1_order, dtypes, class_cost);
+  const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], class_term, alpha, gamma, l1_order,
+                                            dtypes.data(), sanitize, top);
+  auto out = at::empty({d.L * d.B * d.G, d.Q / d.G, d.W}, scores.options().dtype(at::kFloat));
+  auto invalid = at::zeros({1}, scores.options().dtype(at::kInt));
+  const auto sc = scores.to(at::kFloat).contiguous(), bx = boxes.to(at::kFloat).contiguous();
+  const auto obj = objects.to(at::kFloat).contiguous();
+  const auto lab = labels.to(at::kLong).contiguous(), n = sizes.to(at::kLong).contiguous();
+  const at::Tensor cc = class_cost.has_value() ? class_cost->to(at::kFloat).contiguous() : at::Tensor();
+  const float* s_ptr = sc.data_ptr<float>();
+  const float* b_ptr = bx.data_ptr<float>();
+  const float* o_ptr = obj.data_ptr<float>();
+  const int64_t* l_ptr = lab.data_ptr<int64_t>();
+  const int64_t* n_ptr = n.data_ptr<int64_t>();
+  const float* c_ptr = cc.defined() ? cc.data_ptr<float>() : nullptr;
+  float* out_ptr = out.data_ptr<float>();
+  std::vector<int64_t> start(d.B);
+  for (int64_t b = 0, total = 0; b < d.B; total += n_ptr[b], ++b) start[b] = total;
+  bool bad = false;
+  for (int64_t k = 0; k < d.N && !bad; ++k) {
+    float c[4];
+    detr::hf_corners(o_ptr + k * 4, s.gt_corners, c);
+    bad = !detr::hf_corners_valid(c);
+  }
+  std::atomic<bool> bad_query{false};
+  // out is (L, B, Q, W) in memory: problem (l, b, g)'s row i is query g * Q / groups + i of image b in layer l
+  at::parallel_for(0, d.L * d.B * d.Q, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t b = (row / d.Q) % d.B;
+      const float* pd = b_ptr + row * 4;
+      float c[4];
+      detr::hf_corners(pd, s.pred_corners, c);
+      if (!detr::hf_corners_valid(c)) bad_query.store(true, std::memory_order_relaxed);
+      for (int64_t j = 0; j < d.W; ++j) {
+        float v = 0.0f;
+        if (j < n_ptr[b]) {
+          const int64_t k = start[b] + j, cls = l_ptr[k];
+          if (cls < 0 || cls >= d.C) {
+            v = std::numeric_limits<float>::quiet_NaN();
+          } else {
+            const float term = c_ptr != nullptr ? c_ptr[row * d.W + j] : detr::class_term(s_ptr[row * d.C + cls], s);
+            v = detr::family_cost(term, pd, o_ptr + k * 4, s);
+          }
+        }
+        out_ptr[row * d.W + j] = v;
+      }
+    }
+  });
+  if (bad || bad_query.load()) invalid.fill_(1);
+  return {out, invalid};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CPU, m) { m.impl("detr_cost", &detr_cost_cpu); }
+TORCH_LIBRARY_IMPL(lucid, CPU, m) {
+  m.impl("detr_cost", &detr_cost_cpu);
+  m.impl("detr_cost.family", &detr_family_cost_cpu);
+}
 
 }  // namespace cpu
 }  // namespace lucid

@@ -8,8 +8,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <math_constants.h>
+
 #include <algorithm>
 #include <limits>
+#include <tuple>
 
 #include "checks.h"
 #include "cuda/launch.cuh"
@@ -66,9 +69,91 @@ at::Tensor detr_cost_cuda(const at::Tensor& pred_bboxes, const at::Tensor& pred_
   return out;
 }
 
+// Blocks of (x: query-columns of one image of one layer, y: (layer, image) pairs in turn); each entry by
+// detr::family_cost, its class term from the query's score of the object's class (any strides) or the given one.
+// Columns past the image's objects are 0. A query's corners are checked by its column-0 thread, an object's by the
+// threads of query 0 in layer 0; any invalid one sets invalid[0] (every writer writes 1).
+template <typename T>
+__global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
+                                   const float* __restrict__ boxes, const float* __restrict__ objects,
+                                   const int64_t* __restrict__ labels, const int64_t* __restrict__ sizes,
+                                   const float* __restrict__ class_cost, int64_t L, int64_t B, int64_t Q, int64_t C,
+                                   int64_t W, detr::FamilySettings s, float* __restrict__ out,
+                                   int* __restrict__ invalid) {
+  __shared__ int64_t start, count;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t lb = blockIdx.y; lb < L * B; lb += gridDim.y) {
+    const int64_t l = lb / B, b = lb - l * B;
+    __syncthreads();  // the previous pair's start and count are read by every thread before they change
+    if (threadIdx.x == 0) {
+      int64_t total = 0;
+      for (int64_t k = 0; k < b; ++k) total += sizes[k];
+      start = total, count = sizes[b];
+    }
+    __syncthreads();
+    if (e >= Q * W) continue;
+    const int64_t q = e / W, j = e - q * W, row = lb * Q + q;
+    const float* pd = boxes + row * 4;
+    float c[4];
+    if (j == 0) {
+      detr::hf_corners(pd, s.pred_corners, c);
+      if (!detr::hf_corners_valid(c)) invalid[0] = 1;
+    }
+    float v = 0.0f;
+    if (j < count) {
+      const int64_t k = start + j, cls = labels[k];
+      if (l == 0 && q == 0) {
+        detr::hf_corners(objects + k * 4, s.gt_corners, c);
+        if (!detr::hf_corners_valid(c)) invalid[0] = 1;
+      }
+      if (cls < 0 || cls >= C) {
+        v = CUDART_NAN_F;
+      } else {
+        const float term = class_cost != nullptr
+                               ? class_cost[row * W + j]
+                               : detr::class_term(static_cast<float>(scores[l * s0 + b * s1 + q * s2 + cls * s3]), s);
+        v = detr::family_cost(term, pd, objects + k * 4, s);
+      }
+    }
+    out[row * W + j] = v;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> detr_family_cost_cuda(
+    const at::Tensor& scores, const at::Tensor& boxes, const at::Tensor& labels, const at::Tensor& objects,
+    const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_term,
+    double alpha, double gamma, int64_t l1_order, c10::ArrayRef<int64_t> dtypes, bool sanitize, double top,
+    const c10::optional<at::Tensor>& class_cost) {
+  const FamilyCostDims d = check_family_cost_args(scores, boxes, labels, objects, sizes, width, groups, gains,
+                                                  class_term, gamma, l1_order, dtypes, class_cost);
+  const c10::cuda::CUDAGuard guard(scores.device());
+  const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], class_term, alpha, gamma, l1_order,
+                                            dtypes.data(), sanitize, top);
+  auto out = at::empty({d.L * d.B * d.G, d.Q / d.G, d.W}, scores.options().dtype(at::kFloat));
+  auto invalid = at::zeros({1}, scores.options().dtype(at::kInt));
+  if (out.numel() == 0) return {out, invalid};
+  const auto bx = boxes.to(at::kFloat).contiguous(), obj = objects.to(at::kFloat).contiguous();
+  const auto lab = labels.to(at::kLong).contiguous(), n = sizes.to(at::kLong).contiguous();
+  const at::Tensor cc = class_cost.has_value() ? class_cost->to(at::kFloat).contiguous() : at::Tensor();
+  const dim3 grid(blocks_for(d.Q * d.W), static_cast<unsigned>(std::min<int64_t>(d.L * d.B, kMaxGridY)));
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "detr_family_cost_cuda", [&] {
+    family_cost_kernel<scalar_t><<<grid, kThreads, 0, stream>>>(
+        scores.data_ptr<scalar_t>(), scores.stride(0), scores.stride(1), scores.stride(2), scores.stride(3),
+        bx.data_ptr<float>(), obj.data_ptr<float>(), lab.data_ptr<int64_t>(), n.data_ptr<int64_t>(),
+        cc.defined() ? cc.data_ptr<float>() : nullptr, d.L, d.B, d.Q, d.C, d.W, s, out.data_ptr<float>(),
+        invalid.data_ptr<int>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {out, invalid};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CUDA, m) { m.impl("detr_cost", &detr_cost_cuda); }
+TORCH_LIBRARY_IMPL(lucid, CUDA, m) {
+  m.impl("detr_cost", &detr_cost_cuda);
+  m.impl("detr_cost.family", &detr_family_cost_cuda);
+}
 
 }  // namespace gpu
 }  // namespace lucid

@@ -56,6 +56,7 @@ class Layout(NamedTuple):
     query_offset: torch.Tensor  # per match: the first query of its group
     object_offset: torch.Tensor  # per match: its image's first object among the batch's
     per_image: tuple  # matches per image (all groups)
+    image_sizes: torch.Tensor  # (images,) the objects of each image
 
 
 def layout(counts: Sequence[int], queries: int, groups: int, device) -> Layout:
@@ -82,12 +83,12 @@ def _layout(counts: tuple, queries: int, groups: int, device: torch.device) -> L
     query_offset = np.repeat(np.tile(np.arange(groups) * per_group, images), per_problem)
     object_offset = np.repeat(np.repeat(starts, groups), per_problem)
     parts = (np.repeat(n, groups), object_image, object_slot, columns.reshape(-1), first + rank, query_offset,
-             object_offset)
+             object_offset, n)
     packed = torch.from_numpy(np.concatenate(parts).astype(np.int64)).to(device, non_blocking=True)
-    sizes, object_image, object_slot, columns, pairs, query_offset, object_offset = packed.split(
+    sizes, object_image, object_slot, columns, pairs, query_offset, object_offset, image_sizes = packed.split(
         [len(p) for p in parts])
     return Layout(counts, queries, groups, width, sizes, object_image, object_slot, columns.view(images, width), pairs,
-                  query_offset, object_offset, tuple((k * groups).tolist()))
+                  query_offset, object_offset, tuple((k * groups).tolist()), image_sizes)
 
 
 def pad_objects(flat: torch.Tensor, where: Layout) -> torch.Tensor:

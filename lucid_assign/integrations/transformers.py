@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import __version__, dispatch
+from .. import __version__, _library, dispatch, ops
 from . import _matching as core
 from . import _patching
 from ._patching import TRANSFORMERS as STATE
@@ -204,13 +204,105 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
     return cost, valid
 
 
-def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.Layout, sanitize: bool):
+# --- the cost in one op (torch.ops.lucid.detr_cost.family) -----------------------------------------------------------
+# The op computes each entry's L1, GIoU and weighted sum as the family's operations round them, in the dtypes the
+# family's operations give in the call's autocast region (read once per kind of call from those operations on one
+# element, _dtype_plan); on CUDA also its class term, whose elementwise math is CUDA's there too. On the CPU, ATen's
+# vectorised sigmoid rounds an element by where it falls in its tensor, so the class term stays the family's own
+# (_class_terms) and the op takes it. The first call of each kind still compares the result with the family's cost
+# entry by entry (_verify_blocks). FAMILY_COST_DEVICES: the devices whose calls use the op (CUDA once a GPU run has
+# checked it).
+FAMILY_COST_DEVICES = ("cpu",)
+_plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None (not in the op's dtypes)
+
+
+def _dtype_plan(m, fam: _Family, kind: tuple, logits, boxes, objects) -> dict | None:
+    """The dtype of each step of the family's cost in this call's autocast region (ops.FAMILY_DTYPES), read off its
+    own operations on one element; None where a step is not float32, bfloat16 or float16, or the cost is not
+    float32."""
+    if kind in _plans:
+        return _plans[kind]
+    plan = None
+    try:
+        with torch.no_grad():
+            one = logits.new_zeros((1, 1))
+            prob = (one.softmax(-1) if fam.class_term == "softmax" else one.sigmoid()).dtype
+            q, o = boxes.new_zeros((1, 4)), objects.new_zeros((1, 4))
+            if fam.l1_float32:
+                l1 = torch.cdist(q.float(), o.float(), p=1).to(boxes.dtype).dtype
+                pred_corners = gt_corners = torch.float32
+            else:
+                l1, pred_corners, gt_corners = torch.cdist(q, o, p=1).dtype, boxes.dtype, objects.dtype
+        pairs = torch.promote_types(pred_corners, gt_corners)
+        found = dict(prob=prob, l1=l1, pred_corners=pred_corners, gt_corners=gt_corners, pairs=pairs,
+                     sum=torch.promote_types(l1, prob))
+        if (all(d in ops.DTYPE_CODES for d in found.values())
+                and torch.promote_types(found["sum"], torch.float32) == torch.float32
+                and all(isinstance(getattr(m, k, None), (int, float))
+                        for k in ("class_cost", "bbox_cost", "giou_cost"))):
+            plan = found
+    except Exception:  # a region or dtypes in which the family's own operations fail: its own cost then
+        plan = None
+    _plans[kind] = plan
+    return plan
+
+
+def _class_terms(fam: _Family, logits, labels):
+    """The family's class term of each (layer, image, query, object of the image), (L, B, Q, W), with its own
+    operations: the probabilities on each layer's own (B * Q, C) tensor."""
+    layers, bs, nq, nc = logits.shape
+    index = labels[:, None, :].expand(bs, nq, labels.shape[1])
+    terms = []
+    for k in range(layers):
+        flat = logits[k].flatten(0, 1)
+        if fam.class_term == "softmax":
+            terms.append(-flat.softmax(-1).view(bs, nq, nc).gather(2, index))
+        elif fam.class_term == "focal":
+            pos, neg = _focal(flat.sigmoid(), fam.alpha, fam.gamma)
+            terms.append(pos.view(bs, nq, nc).gather(2, index) - neg.view(bs, nq, nc).gather(2, index))
+        else:
+            pos, neg = _focal(torch.sigmoid(flat).view(bs, nq, nc).gather(2, index), fam.alpha, fam.gamma)
+            terms.append(pos - neg)
+    return torch.stack(terms)
+
+
+def _op_problems(m, fam: _Family, plan: dict, stacks: list, labels, objects, where: core.Layout, sanitize: bool):
+    """The problems and the corners' check of the op (see above)."""
+    logits, boxes = stacks
+    device = logits.device.type
+    class_cost = None
+    if device == "cpu":
+        class_cost = _class_terms(fam, logits, core.pad_objects(labels, where))
+        scores = logits
+    elif fam.class_term == "softmax":
+        scores = logits.softmax(-1)  # one launch for every layer: a row's softmax is the same in any number of rows
+    else:
+        scores = logits
+    gains = (m.class_cost, m.bbox_cost, m.giou_cost)
+    return ops.detr_family_cost(scores, boxes, labels, objects, where.image_sizes, where.width, where.groups, gains,
+                                focal=fam.class_term != "softmax", alpha=fam.alpha, gamma=fam.gamma,
+                                l1_order=0 if device == "cpu" else 1, dtypes=plan, sanitize=sanitize,
+                                class_cost=class_cost)
+
+
+def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.Layout, sanitize: bool,
+                    kind: tuple | None = None):
     """The op's problems (L * B * groups, queries per group, W) of (L, B, Q, .) stacks of logits and boxes, or None
     where a layer's boxes or the objects are not valid corners (one synchronisation: the family's own check; each call
-    then runs on its own, and the family raises at that layer's)."""
-    labels = core.pad_objects(torch.cat([t["class_labels"] for t in targets]), where)
-    objects = core.pad_objects(torch.cat([t["boxes"] for t in targets]), where)
-    cost, valid = _block_cost(m, fam, *stacks, labels, objects, sanitize)
+    then runs on its own, and the family raises at that layer's). ``kind``: the call's kind, whose dtype plan lets the
+    op compute the cost (FAMILY_COST_DEVICES)."""
+    labels = torch.cat([t["class_labels"] for t in targets])
+    objects = torch.cat([t["boxes"] for t in targets])
+    logits, boxes = stacks
+    plan = None
+    if (kind is not None and logits.device.type in FAMILY_COST_DEVICES and logits.shape[2] % where.groups == 0
+            and _library.has_kernel("detr_cost", logits.device.type)):
+        plan = _dtype_plan(m, fam, kind, logits, boxes, objects)
+    if plan is not None:
+        problems, invalid = _op_problems(m, fam, plan, stacks, labels, objects, where, sanitize)
+        return None if bool(invalid) else problems
+    cost, valid = _block_cost(m, fam, *stacks, core.pad_objects(labels, where), core.pad_objects(objects, where),
+                              sanitize)
     if not bool(valid.all()):
         return None
     layers, bs, nq, width = cost.shape
@@ -271,7 +363,8 @@ def _patched_forward(cls, own, spec: Matcher):
         if not checking and len(args) + len(kwargs) == spec.grouped:
             found = None
             if blocks:  # each image's block, every layer of the stack at once
-                found = _from_blocks(self, fam, outputs, targets, where, backend, check, sanitizes, spec.layered)
+                found = _from_blocks(self, fam, kind, outputs, targets, where, backend, check, sanitizes,
+                                     spec.layered)
             elif blocks is False and spec.layered:  # the matcher's own cost of every layer of the stack
                 found = _from_layers(self, own, outputs, targets, where, backend, check, args, kwargs)
             if found is not None:
@@ -311,15 +404,15 @@ def _patched_forward(cls, own, spec: Matcher):
     return forward
 
 
-def _from_blocks(m, fam: _Family, outputs: dict, targets: list, where: core.Layout, backend: str, check: bool,
-                 sanitize: bool, layered: bool):
+def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, where: core.Layout, backend: str,
+                 check: bool, sanitize: bool, layered: bool):
     """This call's matches from each image's cost block: of every layer of its outputs' stack at the stack's first
     call (core.layered), or of this call alone; None where a layer's boxes or the objects are not valid corners (the
     call then runs the family's own code, which raises)."""
     logits, boxes = outputs["logits"], outputs["pred_boxes"]
 
     def costs(stacks):
-        return _block_problems(m, fam, stacks, targets, where, sanitize)
+        return _block_problems(m, fam, stacks, targets, where, sanitize, kind)
 
     if layered:
         objects = [v for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
@@ -337,7 +430,7 @@ def _verify_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, w
     own forward computed (``theirs``); a kind that differs keeps the family's cost, said once."""
     try:
         ours = _block_problems(m, fam, [outputs["logits"].detach()[None], outputs["pred_boxes"].detach()[None]],
-                               targets, where, sanitize)
+                               targets, where, sanitize, kind)
     except Exception:  # an input the family takes and this replica does not
         ours = None
     _blocks_ok[kind] = ours is not None and _same_problems(ours, theirs, where)

@@ -1,0 +1,241 @@
+"""torch.ops.lucid.detr_cost.family (docs/spec.md, "DETR family cost"): the cost of transformers' DETR-family
+matchers, every layer of a loss call in one op, against the families' own operations (integrations.transformers'
+per-block replica, _block_cost, which tests/test_transformers.py checks against each family's own forward): bit for
+bit on the CPU with the family's class term given; on CUDA bit for bit with the class term computed in the op; its
+padding, sanitising, corner check, errors and opcheck; and the patched matcher's guard, which a cost one unit in the
+last place off fails."""
+
+import contextlib
+
+import pytest
+import torch
+
+from conftest import devices
+
+tf = pytest.importorskip("transformers")
+pytest.importorskip("scipy")
+from lucid_assign import FallbackWarning, ops  # noqa: E402
+from lucid_assign.integrations import _matching as core, transformers as lt  # noqa: E402
+
+FAMILIES = {  # the class term (transformers' matchers: DETR, Deformable DETR, RT-DETR with focal loss, LW-DETR)
+    "softmax": lt._Family("softmax"),
+    "focal": lt._Family("focal"),
+    "focal-gathered": lt._Family("focal-gathered", 0.25, 2.0),
+    "lw-detr": lt._Family("focal", l1_float32=True),
+}
+
+
+class Matcher:
+    class_cost, bbox_cost, giou_cost = 2, 5, 2
+
+
+def _batch(device, counts=(3, 0, 6), layers=3, queries=8, classes=5, seed=0, dtype=torch.float32):
+    """Boxes that overlap, nest, repeat and miss, some of zero width; an image without objects."""
+    g = torch.Generator().manual_seed(seed)
+    bs = len(counts)
+    logits = (torch.rand(layers, bs, queries, classes, generator=g) * 2 - 1) * 6
+    boxes = torch.rand(layers, bs, queries, 4, generator=g) * 0.6 + 0.2
+    boxes[..., 2:] *= 0.5
+    boxes[:, 0, :2, 2] = 0.0
+    total = sum(counts)
+    objects = torch.rand(total, 4, generator=g) * 0.6 + 0.2
+    objects[:, 2:] *= 0.5
+    if total >= 3:
+        objects[1] = objects[0]
+        boxes[:, 0, 3] = objects[0]  # a query exactly on an object
+    labels = torch.randint(0, classes, (total,), generator=g)
+    return logits.to(device, dtype), boxes.to(device, dtype), labels.to(device), objects.to(device), list(counts)
+
+
+def _theirs(m, fam, logits, boxes, labels, objects, where, sanitize=True):
+    cost, valid = lt._block_cost(m, fam, logits, boxes, core.pad_objects(labels, where),
+                                 core.pad_objects(objects, where), sanitize)
+    layers, bs, nq, width = cost.shape
+    return cost.reshape(layers * bs * where.groups, nq // where.groups, width), bool(valid.all())
+
+
+def _ours(m, fam, logits, boxes, labels, objects, where, plan, sanitize=True, class_term=True):
+    class_cost = lt._class_terms(fam, logits, core.pad_objects(labels, where)) if class_term else None
+    scores = logits.softmax(-1) if fam.class_term == "softmax" and not class_term else logits
+    return ops.detr_family_cost(scores, boxes, labels, objects, where.image_sizes, where.width, where.groups,
+                                (m.class_cost, m.bbox_cost, m.giou_cost), focal=fam.class_term != "softmax",
+                                alpha=fam.alpha, gamma=fam.gamma, l1_order=0 if logits.device.type == "cpu" else 1,
+                                dtypes=plan, sanitize=sanitize, class_cost=class_cost)
+
+
+def _same(ours, theirs, where) -> bool:
+    """lt._same_problems (bit for bit on the problems' valid columns) for each layer's problems."""
+    step = len(where.counts) * where.groups
+    return ours.shape == theirs.shape and all(lt._same_problems(ours[k:k + step], theirs[k:k + step], where)
+                                              for k in range(0, ours.shape[0], step))
+
+
+def _plan(fam, logits, boxes, objects):
+    lt._plans.clear()
+    return lt._dtype_plan(Matcher(), fam, ("test",), logits, boxes, objects)
+
+
+def _region(device, dtype):
+    return torch.autocast(device, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+REGIONS = {"float32": (torch.float32, None), "bf16 autocast": (torch.bfloat16, torch.bfloat16)}
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("region", list(REGIONS))
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_op_is_the_family_cost_on_the_cpu(library, family, region, groups):
+    """With the family's class term given (its probabilities are ATen's on the CPU), every entry of every layer's
+    problems equals the family's own operations' (the sign of zero and NaN included), in float32 and in the dtypes
+    bf16 autocast gives each step; the columns past an image's objects are 0."""
+    fam, m = FAMILIES[family], Matcher()
+    dtype, autocast = REGIONS[region]
+    for seed in range(3):
+        logits, boxes, labels, objects, counts = _batch("cpu", seed=seed, dtype=dtype)
+        where = core.layout(counts, logits.shape[2], groups, "cpu")
+        with _region("cpu", autocast):
+            plan = _plan(fam, logits, boxes, objects)
+            assert plan is not None
+            theirs, valid = _theirs(m, fam, logits, boxes, labels, objects, where)
+            ours, invalid = _ours(m, fam, logits, boxes, labels, objects, where, plan)
+        assert valid and int(invalid) == 0
+        assert _same(ours, theirs, where)
+        past = torch.arange(where.width)[None, :] >= where.sizes[:, None]  # (problems, width)
+        assert torch.all(ours.transpose(1, 2)[past.repeat(3, 1)] == 0)
+
+
+def test_the_class_term_of_probabilities_needs_no_math_function(library):
+    """DETR's class term computed in the op from the softmax's probabilities (minus the object's): the same as the
+    family's, on the CPU too."""
+    fam, m = FAMILIES["softmax"], Matcher()
+    logits, boxes, labels, objects, counts = _batch("cpu", seed=4)
+    where = core.layout(counts, logits.shape[2], 1, "cpu")
+    plan = _plan(fam, logits, boxes, objects)
+    theirs, _ = _theirs(m, fam, logits, boxes, labels, objects, where)
+    ours, _ = _ours(m, fam, logits, boxes, labels, objects, where, plan, class_term=False)
+    assert _same(ours, theirs, where)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("region", ["float32", "bf16 autocast", "fp16 autocast"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_op_computes_the_family_cost_bit_for_bit_on_cuda(library, family, region):
+    """On CUDA the op computes the class term too (CUDA's exp and log, as ATen's CUDA kernels): every entry equals the
+    family's own operations', with and without the class term given."""
+    fam, m = FAMILIES[family], Matcher()
+    dtype, autocast = REGIONS.get(region, (torch.float16, torch.float16))
+    for seed in range(3):
+        logits, boxes, labels, objects, counts = _batch("cuda", seed=seed, dtype=dtype, queries=40, classes=80)
+        for groups in (1, 2):
+            where = core.layout(counts, logits.shape[2], groups, "cuda")
+            with _region("cuda", autocast):
+                plan = _plan(fam, logits, boxes, objects)
+                theirs, _ = _theirs(m, fam, logits, boxes, labels, objects, where)
+                for given in (True, False):
+                    ours, invalid = _ours(m, fam, logits, boxes, labels, objects, where, plan, class_term=given)
+                    assert int(invalid) == 0 and _same(ours, theirs, where), (seed, groups, given)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_sanitising_the_corner_check_and_classes_out_of_range(library, device):
+    """NaN and infinite costs become float32's largest value with sanitize and stay without; a query or an object
+    whose corners are not x2 >= x1, y2 >= y1 (a negative width, NaN) sets invalid, as the family raises; an object's
+    class outside [0, C) makes its column NaN."""
+    fam, m = FAMILIES["focal"], Matcher()
+    logits, boxes, labels, objects, counts = _batch(device)
+    where = core.layout(counts, logits.shape[2], 1, device)
+    plan = _plan(fam, logits, boxes, objects)
+    ours, invalid = _ours(m, fam, logits, boxes, labels, objects, where, plan, class_term=False)
+    assert int(invalid) == 0 and torch.isfinite(ours).all()
+    nan = boxes.clone()
+    nan[1, 2, 4] = float("nan")
+    for sanitize in (True, False):
+        ours, invalid = _ours(m, fam, logits, nan, labels, objects, where, plan, sanitize=sanitize, class_term=False)
+        row = ours[1 * 3 + 2, 4, :3]
+        assert int(invalid) == 1
+        assert (torch.all(row == torch.finfo(torch.float32).max) if sanitize else torch.all(row.isnan()))
+    flipped = objects.clone()
+    flipped[4, 2] = -0.1
+    _, invalid = _ours(m, fam, logits, boxes, labels, flipped, where, plan, class_term=False)
+    assert int(invalid) == 1
+    wrong = labels.clone()
+    wrong[1] = logits.shape[-1]
+    ours, _ = _ours(m, fam, logits, boxes, wrong, objects, where, plan, class_term=False)
+    assert ours[::3, :, 1].isnan().all() and not ours[::3, :, 0].isnan().any()
+
+
+def test_bad_arguments_are_refused(library):
+    fam = FAMILIES["focal"]
+    logits, boxes, labels, objects, counts = _batch("cpu")
+    plan = _plan(fam, logits, boxes, objects)
+    codes = [ops.DTYPE_CODES[plan[k]] for k in ops.FAMILY_DTYPES]
+    sizes = torch.tensor(counts)
+    op = torch.ops.lucid.detr_cost.family
+
+    def call(**change):
+        args = dict(scores=logits, boxes=boxes, labels=labels, objects=objects, sizes=sizes, width=6, groups=1,
+                    gains=[2.0, 5.0, 2.0], class_term=1, alpha=0.25, gamma=2.0, l1_order=0, dtypes=codes,
+                    sanitize=True, top=3.0e38) | change
+        return op(*args.values())
+
+    for change, words in [(dict(scores=logits[0]), "scores must be (L, B, Q, C)"),
+                          (dict(boxes=boxes[..., :3]), "boxes must be (L, B, Q, 4)"),
+                          (dict(objects=objects[:, :2]), "objects must be (N, 4)"),
+                          (dict(labels=labels[:-1]), "labels must be (N,)"),
+                          (dict(sizes=torch.tensor([3, 0, 5])), "sizes must add up to N"),
+                          (dict(sizes=torch.tensor([3, 0, 6]), width=5), "sizes[2] must be in [0, width]"),
+                          (dict(groups=3), "groups must be >= 1 and divide the queries"),
+                          (dict(class_term=2), "class_term must be 0"),
+                          (dict(dtypes=codes[:5]), "dtypes must be 6 codes"),
+                          (dict(dtypes=codes[:5] + [7]), "dtypes must be codes"),
+                          (dict(gamma=-1.0), "gamma must be a finite number >= 0"),
+                          (dict(scores=logits.double()), "scores, boxes and objects must be float16")]:
+        with pytest.raises((ValueError, TypeError), match=words.replace("(", r"\(").replace(")", r"\)")
+                           .replace("[", r"\[").replace("]", r"\]")):
+            call(**change)
+    cost, invalid = call()
+    assert cost.shape == (9, 8, 6) and invalid.shape == (1,) and invalid.dtype == torch.int32
+
+
+@pytest.mark.parametrize("device", devices())
+def test_opcheck(library, device):
+    fam = FAMILIES["softmax"]
+    logits, boxes, labels, objects, counts = _batch(device)
+    plan = _plan(fam, logits, boxes, objects)
+    codes = [ops.DTYPE_CODES[plan[k]] for k in ops.FAMILY_DTYPES]
+    sizes = torch.tensor(counts, device=device)
+    for groups, class_cost in ((1, None), (2, torch.rand(3, 3, 8, 6, device=device))):
+        args = (logits.softmax(-1), boxes, labels, objects, sizes, 6, groups, [1.0, 5.0, 2.0], 0, 0.25, 2.0, 0,
+                codes, True, 3.0e38, class_cost)
+        torch.library.opcheck(torch.ops.lucid.detr_cost.family, args)
+
+
+def test_a_cost_one_unit_in_the_last_place_off_fails_the_guard(library, monkeypatch):
+    """The patched matcher's first call of a kind compares the op's cost with the family's own entry by entry: one
+    entry nudged by one unit in the last place fails it (the kind keeps the family's cost, said once), and the
+    matches stay the family's; unnudged, it passes."""
+    from transformers.loss.loss_for_object_detection import HungarianMatcher
+
+    logits, boxes, labels, objects, counts = _batch("cpu", layers=1)
+    outputs = {"logits": logits[0], "pred_boxes": boxes[0]}
+    starts = [0, 3, 3]
+    targets = [{"class_labels": labels[s:s + n], "boxes": objects[s:s + n]} for s, n in zip(starts, counts)]
+    own = [(i.clone(), j.clone()) for i, j in HungarianMatcher(2, 5, 2)(outputs, targets)]
+    real = ops.detr_family_cost
+    for nudge in (False, True):
+        def nudged(*args, **kwargs):
+            cost, invalid = real(*args, **kwargs)
+            if nudge:
+                cost = cost.clone()
+                cost[0, 0, 0] = torch.nextafter(cost[0, 0, 0], torch.tensor(float("inf")))
+            return cost, invalid
+
+        monkeypatch.setattr(lt.ops, "detr_family_cost", nudged)
+        lt._verified.clear(), lt._blocks_ok.clear(), lt._plans.clear()
+        said = pytest.warns(FallbackWarning, match="computes its cost otherwise") if nudge else contextlib.nullcontext()
+        with lt.patched("kernel"), said:
+            ours = HungarianMatcher(2, 5, 2)(outputs, targets)
+        assert list(lt._blocks_ok.values()) == [not nudge]
+        assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(ours, own))
+    lt._verified.clear(), lt._blocks_ok.clear(), lt._plans.clear()
