@@ -100,11 +100,18 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--objects", type=int, default=10)
     p.add_argument("--top", action="store_true", help="also the most dispatched operations of each")
+    p.add_argument("--cost-op", choices=("on", "off", "default"), default="default",
+                   help="the patched matchers' cost by torch.ops.lucid.detr_cost.family on this device, or not "
+                        "(default: transformers.FAMILY_COST_DEVICES)")
     args = p.parse_args(argv)
+    if args.cost_op != "default":
+        others = tuple(d for d in lt.FAMILY_COST_DEVICES if d != torch.device(args.device).type)
+        lt.FAMILY_COST_DEVICES = others + ((torch.device(args.device).type,) if args.cost_op == "on" else ())
     import transformers
 
     print(f"matcher calls of one loss call, batch {args.batch} at {args.imgsz} px, {args.objects} objects per image, "
-          f"bf16 autocast, {args.device}, torch {torch.__version__}, transformers {transformers.__version__}")
+          f"bf16 autocast, {args.device}, torch {torch.__version__}, transformers {transformers.__version__}, the cost "
+          f"op on {', '.join(lt.FAMILY_COST_DEVICES) or 'no device'}")
     print(f"{'family':<16} {'matcher':<8} {'calls':>5} {'ops':>6} {'syncs':>5} {'ms':>9}")
     for family in args.families:
         for patched in (False, True):

@@ -135,12 +135,19 @@ def main(argv=None):
     p.add_argument("--objects", type=int, nargs="+", default=[10, 50, 200])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--cost-op", choices=("on", "off", "default"), default="default",
+                   help="the patched matchers' cost by torch.ops.lucid.detr_cost.family on this device, or not "
+                        "(default: transformers.FAMILY_COST_DEVICES)")
     args = p.parse_args(argv)
+    if args.cost_op != "default":
+        others = tuple(d for d in lt.FAMILY_COST_DEVICES if d != torch.device(args.device).type)
+        lt.FAMILY_COST_DEVICES = others + ((torch.device(args.device).type,) if args.cost_op == "on" else ())
     import transformers
 
     print(f"{args.family}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch "
           f"{torch.__version__}, transformers {transformers.__version__}"
-          f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}")
+          f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}; the cost op on "
+          f"{', '.join(lt.FAMILY_COST_DEVICES) or 'no device'}")
     print(f"{'objects':>7} {'matcher':<10} {'step ms':>9} {'matcher ms (calls)':>19} {'share':>7}")
     for objects in args.objects:
         runs = measure(args, objects)
