@@ -25,6 +25,8 @@ import contextlib
 import functools
 import importlib
 import inspect
+import threading
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -285,14 +287,32 @@ def _op_problems(m, fam: _Family, plan: dict, stacks: list, labels, objects, whe
                                 class_cost=class_cost)
 
 
+_last_objects = threading.local()  # .found: (the targets' tensors (weak), their versions, their labels and boxes)
+
+
+def _objects_of(targets: list) -> tuple:
+    """The batch's labels and boxes, image after image (torch.cat of the targets'), kept for the next call while the
+    targets' tensors are the same, unchanged: a loss's matcher calls share them."""
+    tensors = [t["class_labels"] for t in targets] + [t["boxes"] for t in targets]
+    found = getattr(_last_objects, "found", None)
+    if (found is not None and len(found[0]) == len(tensors) and all(r() is t for r, t in zip(found[0], tensors))
+            and found[1] == tuple(t._version for t in tensors)):
+        return found[2]
+    pair = (torch.cat(tensors[: len(targets)]), torch.cat(tensors[len(targets):]))
+    if any(t.is_inference() for t in tensors):  # no versions to tell a change by
+        _last_objects.found = None
+    else:
+        _last_objects.found = ([weakref.ref(t) for t in tensors], tuple(t._version for t in tensors), pair)
+    return pair
+
+
 def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.Layout, sanitize: bool,
                     kind: tuple | None = None):
     """The op's problems (L * B * groups, queries per group, W) of (L, B, Q, .) stacks of logits and boxes, or None
     where a layer's boxes or the objects are not valid corners (one synchronisation: the family's own check; each call
     then runs on its own, and the family raises at that layer's). ``kind``: the call's kind, whose dtype plan lets the
     op compute the cost (FAMILY_COST_DEVICES)."""
-    labels = torch.cat([t["class_labels"] for t in targets])
-    objects = torch.cat([t["boxes"] for t in targets])
+    labels, objects = _objects_of(targets)
     logits, boxes = stacks
     plan = None
     if (kind is not None and logits.device.type in FAMILY_COST_DEVICES and logits.shape[2] % where.groups == 0
@@ -420,7 +440,7 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
         if found is not None:
             return found
     with torch.no_grad():
-        problems = costs([logits.detach()[None], boxes.detach()[None]])
+        problems = costs([logits[None], boxes[None]])
         return None if problems is None else core.solve_call(problems, where, backend, check)
 
 
