@@ -177,20 +177,7 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
     """The family's cost per image block of (L, B, Q, .) logits and boxes against each image's objects, padded to W
     (labels (B, W), objects (B, W, 4) cx cy w h): (the cost (L, B, Q, W), whether every layer's boxes and the objects
     are valid corners, on the device: the family raises where they are not)."""
-    layers, bs, nq, nc = logits.shape
-    index = labels[:, None, :].expand(bs, nq, labels.shape[1])
-    terms = []
-    for k in range(layers):  # the probabilities on each layer's own (B * Q, C) tensor, as the family's
-        flat = logits[k].flatten(0, 1)
-        if fam.class_term == "softmax":
-            terms.append(-flat.softmax(-1).view(bs, nq, nc).gather(2, index))
-        elif fam.class_term == "focal":
-            pos, neg = _focal(flat.sigmoid(), fam.alpha, fam.gamma)
-            terms.append(pos.view(bs, nq, nc).gather(2, index) - neg.view(bs, nq, nc).gather(2, index))
-        else:
-            pos, neg = _focal(torch.sigmoid(flat).view(bs, nq, nc).gather(2, index), fam.alpha, fam.gamma)
-            terms.append(pos - neg)
-    class_cost = torch.stack(terms)
+    class_cost = _class_terms(fam, logits, labels)
     if fam.l1_float32:
         dtype = boxes.dtype
         boxes, objects = boxes.to(torch.float32), objects.to(torch.float32)
