@@ -331,7 +331,7 @@ inline DetrCostDims check_detr_cost_args(const at::Tensor& pred_bboxes, const at
 
 // torch.ops.lucid.detr_cost.family: scores (L, B, Q, C) and boxes (L, B, Q, 4) float (any strides), labels (N,)
 // integers and objects (N, 4) float (the batch's objects, image after image), sizes (B,) integers on the same device,
-// width >= 1, groups >= 1 dividing Q, three gains, class_term 0 or 1, gamma >= 0, l1_order 0 or 1, six dtype codes
+// width >= 1, groups >= 1 dividing Q, three gains, class_term 0 or 1, gamma >= 0, l1_order 0 or 1, nine dtype codes
 // (detr_cost.h's DtypeCode) and class_cost, where given, (L, B, Q, width) float. Sizes on the CPU are checked here;
 // on the GPU a column without a valid object gets a NaN cost instead (never sanitized), which the solver refuses.
 struct FamilyCostDims {
@@ -373,7 +373,8 @@ inline FamilyCostDims check_family_cost_args(const at::Tensor& scores, const at:
   TORCH_CHECK_VALUE(std::isfinite(gamma) && gamma >= 0, "gamma must be a finite number >= 0, got ", gamma);
   TORCH_CHECK_VALUE(l1_order == 0 || l1_order == 1,
                     "l1_order must be 0 (in turn) or 1 ((dx + dw) + (dy + dh)), got ", l1_order);
-  TORCH_CHECK_VALUE(dtypes.size() == 6, "dtypes must be 6 codes (prob, l1, pred_corners, gt_corners, pairs, sum), got ",
+  TORCH_CHECK_VALUE(dtypes.size() == 9,
+                    "dtypes must be 9 codes (prob, pow, log, cls, l1, pred_corners, gt_corners, pairs, sum), got ",
                     dtypes.size());
   for (const int64_t code : dtypes) {
     TORCH_CHECK_VALUE(code >= 0 && code <= 2, "dtypes must be codes 0 (float32), 1 (bfloat16) or 2 (float16), got ",

@@ -135,13 +135,14 @@ struct FamilySettings {
   float alpha, one_minus_alpha, gamma;  // each Python number rounded once to float32 (1 - alpha in double first)
   int class_term;                       // ClassTerm
   int l1_order;                         // L1Order of cdist's sum: in turn on the CPU, interleaved on CUDA
-  int prob, l1, pred_corners, gt_corners, pairs, sum;  // DtypeCode of each step (FamilyDtypes in ops.cpp's order)
+  int prob, pow, log, cls;  // DtypeCode of the probabilities, the focal powers, the focal logs, the class term
+  int l1, pred_corners, gt_corners, pairs, sum;  // and of the L1, the corners, the pairwise GIoU terms, the first sum
   bool sanitize;                        // NaN and +-inf become `top` (torch.nan_to_num with the dtype's max)
   float top;
 };
 
 // The settings as the family's operations see them (each Python number rounded once to float32, 1 - alpha computed in
-// double first); dtypes in the order prob, l1, pred_corners, gt_corners, pairs, sum.
+// double first); dtypes in the order prob, pow, log, cls, l1, pred_corners, gt_corners, pairs, sum.
 inline FamilySettings make_family_settings(double gain_class, double gain_bbox, double gain_giou, int64_t class_term,
                                            double alpha, double gamma, int64_t l1_order, const int64_t* dtypes,
                                            bool sanitize, double top) {
@@ -151,29 +152,33 @@ inline FamilySettings make_family_settings(double gain_class, double gain_bbox, 
   s.alpha = static_cast<float>(alpha), s.one_minus_alpha = static_cast<float>(1.0 - alpha);
   s.gamma = static_cast<float>(gamma);
   s.class_term = static_cast<int>(class_term), s.l1_order = static_cast<int>(l1_order);
-  s.prob = static_cast<int>(dtypes[0]), s.l1 = static_cast<int>(dtypes[1]);
-  s.pred_corners = static_cast<int>(dtypes[2]), s.gt_corners = static_cast<int>(dtypes[3]);
-  s.pairs = static_cast<int>(dtypes[4]), s.sum = static_cast<int>(dtypes[5]);
+  s.prob = static_cast<int>(dtypes[0]), s.pow = static_cast<int>(dtypes[1]);
+  s.log = static_cast<int>(dtypes[2]), s.cls = static_cast<int>(dtypes[3]);
+  s.l1 = static_cast<int>(dtypes[4]), s.pred_corners = static_cast<int>(dtypes[5]);
+  s.gt_corners = static_cast<int>(dtypes[6]), s.pairs = static_cast<int>(dtypes[7]);
+  s.sum = static_cast<int>(dtypes[8]);
   s.sanitize = sanitize, s.top = static_cast<float>(top);
   return s;
 }
 
 // The focal class term of probability p (dtype s.prob): alpha * (1 - p)^gamma * -log(p + 1e-8) minus
-// (1 - alpha) * p^gamma * -log((1 - p) + 1e-8), each operation rounded to s.prob.
+// (1 - alpha) * p^gamma * -log((1 - p) + 1e-8). 1 - p and the additions round to s.prob, the powers and the alpha
+// products to s.pow, the logs to s.log (CUDA autocast computes pow and log in float32), the products of the two and
+// their difference to s.cls.
 LUCID_HD float focal_term(float p, const FamilySettings& s) {
   using namespace geom;
   const int d = s.prob;
   const float tiny = static_cast<float>(1e-8);
   const float q = round_as(sub(1.0f, p), d);
-  const float pos = round_as(mul(round_as(mul(s.alpha, round_as(pow_scalar(q, s.gamma), d)), d),
-                                 -round_as(log_(round_as(add(p, tiny), d)), d)), d);
-  const float neg = round_as(mul(round_as(mul(s.one_minus_alpha, round_as(pow_scalar(p, s.gamma), d)), d),
-                                 -round_as(log_(round_as(add(q, tiny), d)), d)), d);
-  return round_as(sub(pos, neg), d);
+  const float pos = round_as(mul(round_as(mul(s.alpha, round_as(pow_scalar(q, s.gamma), s.pow)), s.pow),
+                                 -round_as(log_(round_as(add(p, tiny), d)), s.log)), s.cls);
+  const float neg = round_as(mul(round_as(mul(s.one_minus_alpha, round_as(pow_scalar(p, s.gamma), s.pow)), s.pow),
+                                 -round_as(log_(round_as(add(q, tiny), d)), s.log)), s.cls);
+  return round_as(sub(pos, neg), s.cls);
 }
 
 // The class term of a query's score x for the object's class: minus x (a probability) or the focal term of
-// sigmoid(x), in dtype s.prob.
+// sigmoid(x) (sigmoid rounded to s.prob), in dtype s.cls.
 LUCID_HD float class_term(float x, const FamilySettings& s) {
   using namespace geom;
   if (s.class_term == kClassProbability) return -x;
@@ -193,7 +198,7 @@ LUCID_HD void hf_corners(const float* b, int d, float* c) {
 LUCID_HD bool hf_corners_valid(const float* c) { return c[2] >= c[0] && c[3] >= c[1]; }
 
 // The family cost of a query (box pd, cx cy w h, as stored) against an object (box gt), given the class term `cls`
-// (dtype s.prob):
+// (dtype s.cls):
 //   l1   = cdist's |dx| + |dy| + |dw| + |dh| in float32 (order s.l1_order), rounded to s.l1
 //   giou = transformers' generalized_box_iou of the corners: areas in float32, the pairwise overlaps and enclosure
 //          in s.pairs, union and the ratios in float32
@@ -221,7 +226,7 @@ LUCID_HD float family_cost(float cls, const float* pd, const float* gt, const Fa
                                   clamp_min(round_as(sub(max_(p[3], g[3]), min_(p[1], g[1])), r), 0.0f)),
                               r);
   const float giou = sub(iou, div(sub(area, uni), area));
-  const float first = round_as(add(round_as(mul(s.gain_bbox, l1), s.l1), round_as(mul(s.gain_class, cls), s.prob)),
+  const float first = round_as(add(round_as(mul(s.gain_bbox, l1), s.l1), round_as(mul(s.gain_class, cls), s.cls)),
                                s.sum);
   const float cost = add(first, mul(s.gain_giou, -giou));
   constexpr float kFloatMax = 3.402823466e+38f;

@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <vector>
 
 TORCH_LIBRARY(lucid, m) {
   // Step 1 (docs/spec.md): (B, M, A) bool, true where anchor a lies in the candidate region of box m of image b.
@@ -84,12 +85,21 @@ TORCH_LIBRARY(lucid, m) {
   // (cost, invalid): the problems (L * B * groups, Q / groups, width) float32 of linear_sum_assignment, problem
   // (l, b, g) query g * Q / groups + i of image b in layer l against the image's object j (0 past its objects), and
   // invalid (1,) int32, nonzero where some query's or object's corners are not x2 >= x1 and y2 >= y1 (the family
-  // raises then). dtypes: the DtypeCode of the probabilities, the L1, the queries' corners, the objects' corners, the
-  // pairwise GIoU terms and the first sum; class_cost, where given, is each entry's class term.
+  // raises then). dtypes: the DtypeCode of the probabilities, the focal powers, the focal logs, the class term, the L1,
+  // the queries' corners, the objects' corners, the pairwise GIoU terms and the first sum; class_cost, where given, is
+  // each entry's class term.
   m.def(
       "detr_cost.family(Tensor scores, Tensor boxes, Tensor labels, Tensor objects, Tensor sizes, int width, "
       "int groups, float[] gains, int class_term, float alpha, float gamma, int l1_order, int[] dtypes, "
       "bool sanitize, float top, Tensor? class_cost=None) -> (Tensor, Tensor)");
+
+  // A trainer's matches from linear_sum_assignment's (layers * P, K) rows and cols: (queries, objects), each
+  // (layers * M,) int64, queries the rows of each layer at `pairs` (M places of its P * K, image after image) plus
+  // query_offset (M,), objects the cols likewise plus object_offset; implemented once below with ATen operations, for
+  // every backend.
+  m.def(
+      "matches(Tensor rows, Tensor cols, Tensor pairs, Tensor? query_offset, Tensor? object_offset, int layers) "
+      "-> (Tensor, Tensor)");
 }
 
 // The assignment and the matching produce targets, not something to differentiate: the outputs are constants. A
@@ -102,6 +112,37 @@ TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> matches(const at::Tensor& rows, const at::Tensor& cols, const at::Tensor& pairs,
+                                           const c10::optional<at::Tensor>& query_offset,
+                                           const c10::optional<at::Tensor>& object_offset, int64_t layers) {
+  TORCH_CHECK_VALUE(rows.sizes() == cols.sizes(), "rows and cols must have one shape, got ", rows.sizes(), " and ",
+                    cols.sizes());
+  TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong && cols.scalar_type() == at::kLong && pairs.scalar_type() == at::kLong,
+                   "rows, cols and pairs must be int64");
+  TORCH_CHECK_VALUE(layers >= 1 && rows.numel() % layers == 0, "layers must be >= 1 and divide rows' ", rows.numel(),
+                    " entries, got ", layers);
+  TORCH_CHECK_VALUE(pairs.dim() == 1, "pairs must be 1-D, got ", pairs.sizes());
+  const int64_t M = pairs.numel();
+  for (const auto* o : {&query_offset, &object_offset}) {
+    if (o->has_value()) {
+      TORCH_CHECK_VALUE((*o)->dim() == 1 && (*o)->numel() == M && (*o)->scalar_type() == at::kLong,
+                        "query_offset and object_offset must be (M,) = (", M, ",) int64, got ", (*o)->sizes());
+    }
+  }
+  auto take = [&](const at::Tensor& t, const c10::optional<at::Tensor>& offset) {
+    auto picked = t.reshape({layers, -1}).index_select(1, pairs);
+    if (offset.has_value()) picked.add_(*offset);
+    return picked.view(-1);
+  };
+  return {take(rows, query_offset), take(cols, object_offset)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(lucid, CompositeExplicitAutograd, m) { m.impl("matches", &matches); }
 
 // The fused ops take their autocast region as the argument autocast_dtype (amp.h). Their autocast kernel, one boxed
 // function for the three ops and both devices, fills it from the region it is called in when the caller left it None

@@ -241,7 +241,7 @@ def detr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: t
 
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # csrc/detr_cost.h's DtypeCode
-FAMILY_DTYPES = ("prob", "l1", "pred_corners", "gt_corners", "pairs", "sum")  # detr_cost.family's dtypes, in order
+FAMILY_DTYPES = ("prob", "pow", "log", "cls", "l1", "pred_corners", "gt_corners", "pairs", "sum")  # in the op's order
 
 
 def detr_family_cost(scores: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor, objects: torch.Tensor,
@@ -364,6 +364,14 @@ if _library.loaded():
                            lambda: f"groups must be >= 1 and divide the queries ({queries}), got {groups}")
         return (scores.new_empty((layers * bs * groups, queries // groups, width), dtype=torch.float32),
                 scores.new_empty((1,), dtype=torch.int32))
+
+    @torch.library.register_fake("lucid::matches")
+    def _matches_fake(rows, cols, pairs, query_offset, object_offset, layers):
+        _one_device(rows, cols, pairs)
+        torch._check_value(tuple(rows.shape) == tuple(cols.shape),
+                           lambda: f"rows and cols must have one shape, got {tuple(rows.shape)}, {tuple(cols.shape)}")
+        total = layers * pairs.shape[0]
+        return rows.new_empty(total), cols.new_empty(total)
 
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,

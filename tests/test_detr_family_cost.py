@@ -187,8 +187,8 @@ def test_bad_arguments_are_refused(library):
                           (dict(sizes=torch.tensor([3, 0, 6]), width=5), "sizes[2] must be in [0, width]"),
                           (dict(groups=3), "groups must be >= 1 and divide the queries"),
                           (dict(class_term=2), "class_term must be 0"),
-                          (dict(dtypes=codes[:5]), "dtypes must be 6 codes"),
-                          (dict(dtypes=codes[:5] + [7]), "dtypes must be codes"),
+                          (dict(dtypes=codes[:8]), "dtypes must be 9 codes"),
+                          (dict(dtypes=codes[:8] + [7]), "dtypes must be codes"),
                           (dict(gamma=-1.0), "gamma must be a finite number >= 0"),
                           (dict(scores=logits.double()), "scores, boxes and objects must be float16")]:
         with pytest.raises((ValueError, TypeError), match=words.replace("(", r"\(").replace(")", r"\)")

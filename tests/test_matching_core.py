@@ -82,6 +82,36 @@ def test_layout_and_matches_equal_scipys_loops(library, backend):
             assert [(i.tolist(), j.tolist()) for i, j in got] == _scipy(cost, counts, groups, per_batch), trial
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_the_matches_op_is_the_python_path(library, device, monkeypatch):
+    """torch.ops.lucid.matches (one call: the layers' pairs picked and offset in C++) gives, split per image, what the
+    same operations give from Python, for several layers, query groups and the peer's batch-wide object indices; it
+    refuses inconsistent arguments; opcheck."""
+    g = torch.Generator().manual_seed(1)
+    for counts, groups, layers in (([3, 0, 5], 1, 1), ([3, 0, 5], 2, 3), ([1, 4], 3, 2), ([0, 0], 1, 2)):
+        queries = 6
+        where = core.layout(counts, queries, groups, device)
+        problems = torch.rand(layers * len(counts) * groups, queries // groups, where.width, generator=g).to(device)
+        rows, cols, _ = core.solve(problems, where, "kernel", layers)
+        for per_batch in (False, True):
+            ours = core.matches(rows, cols, where, layers, per_batch)
+            monkeypatch.setattr(core, "MATCHES_OP_DEVICES", ())
+            theirs = core.matches(rows, cols, where, layers, per_batch)
+            monkeypatch.undo()
+            assert len(ours) == len(theirs) == layers * len(counts)
+            assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(ours, theirs))
+    op = torch.ops.lucid.matches
+    rows = torch.zeros(4, 3, dtype=torch.long, device=device)
+    pairs = torch.tensor([0, 1, 3], device=device)
+    for args, words in (((rows, rows[:, :2], pairs, None, None, 1), "rows and cols must have one shape"),
+                        ((rows, rows, pairs, None, None, 5), "layers must be >= 1 and divide"),
+                        ((rows, rows, pairs, pairs[:2], None, 1), "query_offset and object_offset must be"),
+                        ((rows.float(), rows, pairs, None, None, 1), "must be int64")):
+        with pytest.raises((ValueError, TypeError), match=words):
+            op(*args)
+    torch.library.opcheck(op, (rows, rows, pairs, pairs, None, 2))
+
+
 def test_pad_objects_is_pad_sequence():
     counts = [2, 0, 3]
     flat = torch.arange(5 * 4, dtype=torch.float32).view(5, 4)

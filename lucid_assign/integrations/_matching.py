@@ -32,7 +32,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from .. import dispatch, matching
+from .. import _library, dispatch, matching
 
 MAX_LAYERS = 16  # the most layers a stack may have to be matched at once
 
@@ -117,10 +117,21 @@ def solve(problems: torch.Tensor, where: Layout, backend: str, layers: int = 1):
     return matching.run(backend, problems, sizes)
 
 
+# The devices on which the matches are picked by torch.ops.lucid.matches (ATen's operations in C++, one call from
+# Python) rather than by the same operations from Python here: CUDA once a GPU run has checked it.
+MATCHES_OP_DEVICES = ("cpu",)
+
+
 def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int = 1, batch_objects: bool = False):
     """Each image's matches from the op's (layers * problems, K) outputs: (queries ascending, their objects), int64
     on the device, image after image, layer after layer; the objects indexed in their image, or among the batch's
     (``batch_objects``, the peer's form)."""
+    if rows.device.type in MATCHES_OP_DEVICES and _library.loaded():  # one implementation, every backend
+        queries, objects = torch.ops.lucid.matches(rows, cols, where.pairs,
+                                                   where.query_offset if where.groups > 1 else None,
+                                                   where.object_offset if batch_objects else None, layers)
+        split = where.per_image * layers
+        return list(zip(queries.split_with_sizes(split), objects.split_with_sizes(split)))
     queries = rows.reshape(layers, -1).index_select(1, where.pairs)
     if where.groups > 1:
         queries.add_(where.query_offset)

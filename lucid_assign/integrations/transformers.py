@@ -207,15 +207,20 @@ _plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype
 
 def _dtype_plan(m, fam: _Family, kind: tuple, logits, boxes, objects) -> dict | None:
     """The dtype of each step of the family's cost in this call's autocast region (ops.FAMILY_DTYPES), read off its
-    own operations on one element; None where a step is not float32, bfloat16 or float16, or the cost is not
-    float32."""
+    own operations on one element; None where a step is not float32, bfloat16 or float16, the class term's is not
+    that of its powers times its logs, the cost is not float32 or a gain is not a number."""
     if kind in _plans:
         return _plans[kind]
     plan = None
     try:
         with torch.no_grad():
             one = logits.new_zeros((1, 1))
-            prob = (one.softmax(-1) if fam.class_term == "softmax" else one.sigmoid()).dtype
+            if fam.class_term == "softmax":
+                prob = power = log = cls = one.softmax(-1).dtype
+            else:  # the focal terms' operations (CUDA autocast computes pow and log in float32)
+                p = one.sigmoid()
+                pos, neg = _focal(p, fam.alpha, fam.gamma)
+                prob, power, log, cls = p.dtype, (p**fam.gamma).dtype, (p + 1e-8).log().dtype, (pos - neg).dtype
             q, o = boxes.new_zeros((1, 4)), objects.new_zeros((1, 4))
             if fam.l1_float32:
                 l1 = torch.cdist(q.float(), o.float(), p=1).to(boxes.dtype).dtype
@@ -223,9 +228,9 @@ def _dtype_plan(m, fam: _Family, kind: tuple, logits, boxes, objects) -> dict | 
             else:
                 l1, pred_corners, gt_corners = torch.cdist(q, o, p=1).dtype, boxes.dtype, objects.dtype
         pairs = torch.promote_types(pred_corners, gt_corners)
-        found = dict(prob=prob, l1=l1, pred_corners=pred_corners, gt_corners=gt_corners, pairs=pairs,
-                     sum=torch.promote_types(l1, prob))
-        if (all(d in ops.DTYPE_CODES for d in found.values())
+        found = dict(prob=prob, pow=power, log=log, cls=cls, l1=l1, pred_corners=pred_corners,
+                     gt_corners=gt_corners, pairs=pairs, sum=torch.promote_types(l1, cls))
+        if (all(d in ops.DTYPE_CODES for d in found.values()) and cls == torch.promote_types(power, log)
                 and torch.promote_types(found["sum"], torch.float32) == torch.float32
                 and all(isinstance(getattr(m, k, None), (int, float))
                         for k in ("class_cost", "bbox_cost", "giou_cost"))):
