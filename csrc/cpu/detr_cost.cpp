@@ -61,11 +61,11 @@ std::tuple<at::Tensor, at::Tensor> detr_family_cost_cpu(
                                             dtypes.data(), sanitize, top);
   auto out = at::empty({d.L * d.B * d.G, d.Q / d.G, d.W}, scores.options().dtype(at::kFloat));
   auto invalid = at::zeros({1}, scores.options().dtype(at::kInt));
-  const auto sc = scores.to(at::kFloat).contiguous(), bx = boxes.to(at::kFloat).contiguous();
-  const auto obj = objects.to(at::kFloat).contiguous();
+  const auto bx = boxes.to(at::kFloat).contiguous(), obj = objects.to(at::kFloat).contiguous();
   const auto lab = labels.to(at::kLong).contiguous(), n = sizes.to(at::kLong).contiguous();
   const at::Tensor cc = class_cost.has_value() ? class_cost->to(at::kFloat).contiguous() : at::Tensor();
-  const float* s_ptr = sc.data_ptr<float>();
+  const at::Tensor sc = cc.defined() ? at::Tensor() : scores.to(at::kFloat).contiguous();  // read only without cc
+  const float* s_ptr = sc.defined() ? sc.data_ptr<float>() : nullptr;
   const float* b_ptr = bx.data_ptr<float>();
   const float* o_ptr = obj.data_ptr<float>();
   const int64_t* l_ptr = lab.data_ptr<int64_t>();
