@@ -73,7 +73,7 @@ RECIPES = {
     "dota-obb": Recipe("yolo26n-obb.yaml", 1024, 15, True, 1024, 20, ("lognormal", 60, 1.2, 1200)),
     "dense-obb": Recipe("yolo26n-obb.yaml", 1024, 15, True, 1024, 12, ("uniform", 1000, 2000)),
     "coco-hbb": Recipe("yolo26n.yaml", 640, 80, False, 2048, 12, ("lognormal", 4, 1.0, 60)),
-    "rtdetr": Recipe("rtdetr-l.yaml", 640, 80, False, 1024, 8, ("lognormal", 4, 1.0, 60)),
+    "rtdetr": Recipe("rtdetr-l.yaml", 640, 80, False, 1024, 10, ("lognormal", 4, 1.0, 60)),
     "rtdetr-dense": Recipe("rtdetr-l.yaml", 640, 80, False, 1024, 8, ("lognormal", 60, 1.0, 600)),
 }
 STATES = ("losses", "model", "optimizer", "ema", "scheduler")  # compared byte for byte, with results.csv's last row
