@@ -118,8 +118,8 @@ def solve(problems: torch.Tensor, where: Layout, backend: str, layers: int = 1):
 
 
 # The devices on which the matches are picked by torch.ops.lucid.matches (ATen's operations in C++, one call from
-# Python) rather than by the same operations from Python here: CUDA once a GPU run has checked it.
-MATCHES_OP_DEVICES = ("cpu",)
+# Python) rather than by the same operations from Python here: those a run has checked.
+MATCHES_OP_DEVICES = ("cpu", "cuda")
 
 
 def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int = 1, batch_objects: bool = False):

@@ -199,9 +199,8 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
 # element, _dtype_plan); on CUDA also its class term, whose elementwise math is CUDA's there too. On the CPU, ATen's
 # vectorised sigmoid rounds an element by where it falls in its tensor, so the class term stays the family's own
 # (_class_terms) and the op takes it. The first call of each kind still compares the result with the family's cost
-# entry by entry (_verify_blocks). FAMILY_COST_DEVICES: the devices whose calls use the op (CUDA once a GPU run has
-# checked it).
-FAMILY_COST_DEVICES = ("cpu",)
+# entry by entry (_verify_blocks). FAMILY_COST_DEVICES: the devices whose calls use the op (those a run has checked).
+FAMILY_COST_DEVICES = ("cpu", "cuda")
 _plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None (not in the op's dtypes)
 
 
