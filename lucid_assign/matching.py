@@ -24,15 +24,17 @@ def run(chosen: str, cost: torch.Tensor, sizes: torch.Tensor | None):
     return lsap.linear_sum_assignment(cost, sizes)
 
 
-def raise_unsolved(info: torch.Tensor, name=None, order=None) -> None:
-    """ValueError with SciPy's words for the first problem the op did not solve (``info``, its third output), as
-    ``name(b)`` names problem b (default ``cost[b]``; none for one matrix); ``order``: the problems in the order in
-    which to look (default: as they are). It reads ``info``: on CUDA, one synchronisation."""
-    codes = info.reshape(-1).tolist()
+def raise_unsolved(info: torch.Tensor | list, name=None, order=None) -> None:
+    """ValueError with SciPy's words for the first problem the op did not solve (``info``, its third output, or its
+    values already read to the host as a list), as ``name(b)`` names problem b (default ``cost[b]``; none for one
+    matrix); ``order``: the problems in the order in which to look (default: as they are). It reads a tensor
+    ``info``: on CUDA, one synchronisation."""
+    single = isinstance(info, torch.Tensor) and info.dim() == 0
+    codes = info if isinstance(info, list) else info.reshape(-1).tolist()
     for b in range(len(codes)) if order is None else order:
         if codes[b]:
             message = lsap.INFO_MESSAGES[codes[b]].format(b=b)
-            if info.dim() == 0 or codes[b] == lsap.BAD_SIZE:
+            if single or codes[b] == lsap.BAD_SIZE:
                 raise ValueError(message)
             raise ValueError(f"{name(b) if name else f'cost[{b}]'}: {message}")
 

@@ -205,6 +205,48 @@ def test_the_memo_serves_only_the_same_call():
     assert afresh(stack[1], change=lambda: setattr(m, "gain", 3.0), gain=3.0)  # another setting
 
 
+def test_a_stacks_refusals_are_read_once_and_raised_at_their_layers_call(library, monkeypatch):
+    """With the check on, the first call on a stack reads the status of every layer in one read (settle); a layer
+    whose problem SciPy refuses raises SciPy's error at its own call, the others are served from what was read."""
+    g = torch.Generator().manual_seed(2)
+    stack, objects, counts = torch.rand(3, 2, 6, 4, generator=g), torch.rand(5, 4, generator=g), [2, 3]
+    stack[1, 1, 4, 0] = float("nan")  # layer 1, image 1: a NaN cost
+    reads, taken = [], []
+    settle, raise_unsolved = core.settle, core.matching.raise_unsolved
+    monkeypatch.setattr(core, "settle", lambda *a: reads.append(1) or settle(*a))
+    monkeypatch.setattr(core.matching, "raise_unsolved", lambda info, *a: taken.append(type(info)) or
+                        raise_unsolved(info, *a))
+    alone = [_alone(stack[k], objects, counts) for k in (0, 2)]
+    reads.clear()
+    m = Matcher()
+    assert _same(_call(m, stack[2], objects, counts), alone[1])
+    assert _same(_call(m, stack[0], objects, counts), alone[0])
+    with pytest.raises(ValueError, match=r"^image 1: matrix contains invalid numeric entries$"):
+        _call(m, stack[1], objects, counts)
+    assert m._costs == 1 and len(reads) == 1 and set(taken) == {list}
+
+
+def test_guarded_problems_declined_go_back_to_the_trainer(library):
+    """Problems Guarded by a flag that is set give no matches (None: the trainer's own code runs), read after the
+    solve; a flag that is clear gives the matches of the problems alone."""
+    g = torch.Generator().manual_seed(3)
+    stack, objects, counts = torch.rand(2, 2, 6, 4, generator=g), torch.rand(5, 4, generator=g), [2, 3]
+    where = core.layout(counts, 6, 1, "cpu")
+    plain = Matcher().costs(where, objects)
+
+    def guarded(flag):
+        return lambda stacks: core.Guarded(plain(stacks), torch.tensor(flag))
+
+    for check in (False, True):
+        assert core.solve_call(guarded(True)([stack[0][None]]), where, "kernel", check) is None
+        assert _same(core.solve_call(guarded(False)([stack[0][None]]), where, "kernel", check),
+                     _alone(stack[0], objects, counts))
+        core._MEMOS.clear()
+        assert core.layered(Matcher(), (stack[0],), (objects,), where, guarded(True), "kernel", check) is None
+        assert _same(core.layered(Matcher(), (stack[1],), (objects,), where, guarded(False), "kernel", check),
+                     _alone(stack[1], objects, counts))
+
+
 def test_inference_tensors_are_matched_alone():
     """Tensors made under torch.inference_mode track no version, so a call on them cannot be keyed: it is a call of
     its own (None), never an error."""

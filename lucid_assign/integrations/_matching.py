@@ -148,27 +148,53 @@ def no_matches(where: Layout, device) -> list:
     return [(empty, empty) for _ in where.counts]
 
 
-def raise_refused(info: torch.Tensor, where: Layout) -> None:
+def raise_refused(info: torch.Tensor | list, where: Layout) -> None:
     """SciPy's ValueError for the first problem of one call's ``info`` that SciPy's loop would refuse (its loop over
-    query groups outside its loop over images), naming the image (and group). Reads ``info``: one synchronisation."""
+    query groups outside its loop over images), naming the image (and group). Reads a tensor ``info`` (one
+    synchronisation); ``info`` may also be its values, read already (a list)."""
     images, groups = len(where.counts), where.groups
     order = [b * groups + g for g in range(groups) for b in range(images)]
 
     def name(p: int) -> str:
         return f"image {p // groups}" + (f", query group {p % groups}" if groups > 1 else "")
 
-    matching.raise_unsolved(info.reshape(-1), name, order)
+    matching.raise_unsolved(info if isinstance(info, list) else info.reshape(-1), name, order)
 
 
-def solve_call(problems: torch.Tensor | None, where: Layout, backend: str, check: bool, batch_objects: bool = False):
-    """One call's matches of its problems (None: the batch has no objects); ``check``: SciPy's error where a problem
-    holds NaN or -inf or is infeasible."""
+class Guarded(NamedTuple):
+    """A trainer's problems with a flag on the device, True where the call must run the trainer's own code instead
+    (inputs the trainer refuses, whose error its own code raises): read after the solve, together with the solve's
+    status where that is checked, in one synchronisation."""
+
+    problems: torch.Tensor
+    declined: torch.Tensor  # 0-dim bool
+
+
+def settle(declined: torch.Tensor | None, info: torch.Tensor, check: bool) -> tuple:
+    """(whether the call is declined, the solve's status codes on the host where ``check``, else None): one read of
+    the device (none where there is nothing to read)."""
+    if declined is None:
+        return False, (info.cpu().tolist() if check else None)
+    if not check:
+        return bool(declined), None
+    flags = torch.cat([declined.reshape(1), info]).cpu().tolist()  # the bool promoted to the status's dtype
+    return bool(flags[0]), flags[1:]
+
+
+def solve_call(problems, where: Layout, backend: str, check: bool, batch_objects: bool = False):
+    """One call's matches of its problems (a tensor, or Guarded: None where declined; None: the batch has no
+    objects); ``check``: SciPy's error where a problem holds NaN or -inf or is infeasible."""
     if problems is None:
         return no_matches(where, where.sizes.device)
+    problems, declined = problems if isinstance(problems, Guarded) else (problems, None)
     rows, cols, info = solve(problems, where, backend)
+    found = matches(rows, cols, where, batch_objects=batch_objects)
+    refused, codes = settle(declined, info, check)
+    if refused:
+        return None
     if check:
-        raise_refused(info, where)
-    return matches(rows, cols, where, batch_objects=batch_objects)
+        raise_refused(codes, where)
+    return found
 
 
 # --- where the kernel runs ----------------------------------------------------------------------------------------
@@ -356,15 +382,16 @@ class Memo:
     they are the same tensors, unchanged (their version counters), in the same geometry, with the same layout and
     the matcher's same settings: the one rule of "same call"."""
 
-    def __init__(self, refs: list, key: tuple, layers: dict, info: torch.Tensor, where: Layout):
+    def __init__(self, refs: list, key: tuple, layers: dict, info: torch.Tensor, where: Layout, codes: list | None):
         self._refs, self._key, self._layers, self._info, self._where = refs, key, layers, info, where
+        self._codes = codes  # info read to the host (each layer's), where it was read at the stack's first call
 
     def take(self, tensors: list, key: tuple, layer: int, check: bool):
         if (layer not in self._layers or key != self._key or len(tensors) != len(self._refs)
                 or any(ref() is not t for ref, t in zip(self._refs, tensors))):
             return None
         if check:
-            raise_refused(self._info[layer], self._where)
+            raise_refused(self._info[layer] if self._codes is None else self._codes[layer], self._where)
         return self._layers.pop(layer)
 
 
@@ -390,9 +417,10 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
     stacks of the same layers; else None (a call of its own). At the stack's first call (for matcher ``m``), every
     layer's problems, ``costs(stacked inputs)`` -> (layers * problems, queries per group, width) or None (no layered
     cost: a call of its own), are solved in one call of the op; the later calls of the same call (Memo) take their
-    layer's matches. ``objects``: the tensors the cost reads besides the inputs (the rest it depends on: the matcher's
-    settings, settings_of). ``check``: SciPy's error at the call of a layer whose problem it refuses (one
-    synchronisation)."""
+    layer's matches. ``costs`` may return Guarded problems: None where declined. ``objects``: the tensors the cost
+    reads besides the inputs (the rest it depends on: the matcher's settings, settings_of). ``check``: SciPy's error
+    at the call of a layer whose problem it refuses. The flag and the status of every layer are read at the first
+    call, in one synchronisation."""
     found = [layer_of(t) for t in inputs]
     if any(f is None for f in found) or len({(f.layer, f.layers) for f in found}) != 1:
         return None
@@ -410,9 +438,14 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
         problems = costs([stacked(t, f) for t, f in zip(inputs, found)])
         if problems is None:
             return None
+        problems, declined = problems if isinstance(problems, Guarded) else (problems, None)
         rows, cols, info = solve(problems, where, backend, layers)
         per_layer = matches(rows, cols, where, layers, batch_objects)
-    images = len(where.counts)
+        refused, codes = settle(declined, info, check)
+        if refused:
+            return None
+    images, per = len(where.counts), info.shape[0] // layers
     results = {k: per_layer[k * images:(k + 1) * images] for k in range(layers)}
-    memo = _MEMOS[m] = Memo([weakref.ref(t) for t in tensors], key, results, info.view(layers, -1), where)
+    codes = None if codes is None else [codes[k * per:(k + 1) * per] for k in range(layers)]
+    memo = _MEMOS[m] = Memo([weakref.ref(t) for t in tensors], key, results, info.view(layers, -1), where, codes)
     return memo.take(tensors, key, layer, check)

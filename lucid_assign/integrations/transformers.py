@@ -299,10 +299,10 @@ def _objects_of(targets: list) -> tuple:
 
 def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.Layout, sanitize: bool,
                     kind: tuple | None = None):
-    """The op's problems (L * B * groups, queries per group, W) of (L, B, Q, .) stacks of logits and boxes, or None
-    where a layer's boxes or the objects are not valid corners (one synchronisation: the family's own check; each call
-    then runs on its own, and the family raises at that layer's). ``kind``: the call's kind, whose dtype plan lets the
-    op compute the cost (FAMILY_COST_DEVICES)."""
+    """The op's problems (L * B * groups, queries per group, W) of (L, B, Q, .) stacks of logits and boxes, Guarded:
+    declined where a layer's boxes or the objects are not valid corners (the family's own check, read after the solve;
+    each call then runs on its own, and the family raises at that layer's). ``kind``: the call's kind, whose dtype plan
+    lets the op compute the cost (FAMILY_COST_DEVICES)."""
     labels, objects = _objects_of(targets)
     logits, boxes = stacks
     plan = None
@@ -310,15 +310,13 @@ def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.La
             and _library.has_kernel("detr_cost", logits.device.type)):
         plan = _dtype_plan(m, fam, kind, logits, boxes, objects)
     if plan is not None:
-        problems, invalid = _op_problems(m, fam, plan, stacks, labels, objects, where, sanitize)
-        return None if bool(invalid) else problems
+        return core.Guarded(*_op_problems(m, fam, plan, stacks, labels, objects, where, sanitize))
     cost, valid = _block_cost(m, fam, *stacks, core.pad_objects(labels, where), core.pad_objects(objects, where),
                               sanitize)
-    if not bool(valid.all()):
-        return None
     layers, bs, nq, width = cost.shape
     per_group = nq // where.groups
-    return cost[:, :, : per_group * where.groups].reshape(layers * bs * where.groups, per_group, width)
+    return core.Guarded(cost[:, :, : per_group * where.groups].reshape(layers * bs * where.groups, per_group, width),
+                        ~valid.all())
 
 
 def _kind(m, outputs: dict, targets: list) -> tuple:
@@ -431,8 +429,7 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
         if found is not None:
             return found
     with torch.no_grad():
-        problems = costs([logits[None], boxes[None]])
-        return None if problems is None else core.solve_call(problems, where, backend, check)
+        return core.solve_call(costs([logits[None], boxes[None]]), where, backend, check)
 
 
 def _verify_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, where: core.Layout, sanitize: bool,
@@ -442,6 +439,7 @@ def _verify_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, w
     try:
         ours = _block_problems(m, fam, [outputs["logits"].detach()[None], outputs["pred_boxes"].detach()[None]],
                                targets, where, sanitize, kind)
+        ours = None if bool(ours.declined) else ours.problems
     except Exception:  # an input the family takes and this replica does not
         ours = None
     _blocks_ok[kind] = ours is not None and _same_problems(ours, theirs, where)
