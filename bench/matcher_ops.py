@@ -13,6 +13,12 @@ every operation dispatched inside the matcher's calls (a TorchDispatchMode: what
 host), the synchronisations among them (reading a value on the host: ``item``, ``.cpu()`` and ``.numpy()``,
 ``nonzero``; on CUDA each waits for the device), and the calls' time. The goal of the issue "The DETR cost in one
 launch": 12 operations or fewer per loss call, one synchronisation at most, whatever the layers.
+
+    python bench/matcher_ops.py --device cuda --batch 16 --objects 10 200 --profile   # where a patched call's time goes
+
+``--profile``: the patched matcher's calls of one loss call, taken as the loss made them and made again under
+torch.profiler, each between two synchronisations: each call's time, the host time of each part of the patched path
+(the regions below) and the device time of each kernel.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ class _Count(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[func._schema.name] += 1
+        if (func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor)
+                and args[0].device.type != "cpu" and torch.device((kwargs or {}).get("device") or "cpu").type == "cpu"):
+            self.ops["(device to host)"] += 1  # a read of the device: Tensor.cpu, or tolist's copy
         return func(*args, **(kwargs or {}))
 
 
@@ -87,9 +96,85 @@ def count(family: str, patched: bool, args, objects: int) -> dict:
         with counted(FAMILIES[family], args.device, found):
             loss_call(model, images, labels, args.device)
     ops = found["ops"]
-    syncs = sum(n for name, n in ops.items() if name in SYNCS) + found["host copies"]
+    reads = ops.pop("(device to host)", 0) if torch.device(args.device).type != "cpu" else found["host copies"]
+    syncs = sum(n for name, n in ops.items() if name in SYNCS) + reads
     return dict(family=family, patched=patched, objects=objects, calls=found["calls"], ops=sum(ops.values()),
                 syncs=syncs, ms=1e3 * found["seconds"], top=ops.most_common(6))
+
+
+# the parts of the patched path timed by --profile: module, attribute
+REGIONS = [(lt, "_blocks_usable"), (core, "layout"), (lt, "_objects_of"), (lt, "_dtype_plan"), (lt, "_op_problems"),
+           (core, "layer_of"), (core, "_keyed"), (core, "solve"), (core, "matches"), (core, "settle"),
+           (core.Memo, "take"), (core, "raise_refused")]
+
+
+@contextlib.contextmanager
+def _regions():
+    """Each part of REGIONS inside a torch.profiler.record_function of its name."""
+    saved = [(owner, name, getattr(owner, name)) for owner, name in REGIONS]
+
+    def timed(name, f):
+        def inner(*args, **kwargs):
+            with torch.profiler.record_function(name):
+                return f(*args, **kwargs)
+        return inner
+
+    try:
+        for owner, name, f in saved:
+            setattr(owner, name, timed(name, f))
+        yield
+    finally:
+        for owner, name, f in saved:
+            setattr(owner, name, f)
+
+
+def profile(family: str, args, objects: int) -> None:
+    """The patched matcher's calls of one loss call (their arguments as the loss passed them, kept), made again under
+    torch.profiler: each call's time between synchronisations, the host time of each region, each kernel's time."""
+    from torch.profiler import ProfilerActivity
+
+    model, _ = build(family, args.device)
+    images, labels = detr_batch(args.batch, args.imgsz, objects, 0, args.device, 80, "class_labels")
+    calls = []
+
+    def keep(inner, self, *a, **k):
+        calls.append((inner, self, a, k))
+        return inner(self, *a, **k)
+
+    region = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16)  # the loss's, as loss_call's
+
+    with lt.patched("kernel"):
+        lt._verified.clear()
+        lt._blocks_ok.clear()
+        loss_call(model, images, labels, args.device)
+        loss_call(model, images, labels, args.device)
+        with around_matcher(FAMILIES[family], keep):
+            loss_call(model, images, labels, args.device)
+        with region:
+            for inner, self, a, k in calls:  # once more outside the profiler: what the replay does, warm
+                inner(self, *a, **k)
+        spans = []
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(args.device).type == "cuda"
+                                               else [])
+        with region, _regions(), torch.profiler.profile(activities=activities) as prof:
+            for i, (inner, self, a, k) in enumerate(calls):
+                sync(args.device)
+                t0 = time.perf_counter()
+                with torch.profiler.record_function(f"matcher call {i}"):
+                    inner(self, *a, **k)
+                sync(args.device)
+                spans.append(time.perf_counter() - t0)
+    print(f"{family}, {objects} objects per image, batch {args.batch}: {len(calls)} calls, "
+          f"{1e3 * sum(spans):.3f} ms in all: " + ", ".join(f"{1e3 * s:.3f}" for s in spans) + " ms")
+    events = prof.key_averages()
+    names = {name for _, name in REGIONS}
+    print("    host, ms (calls): " + ", ".join(f"{e.key} {e.cpu_time_total / 1e3:.3f} ({e.count})" for e in
+                                             sorted(events, key=lambda e: -e.cpu_time_total) if e.key in names))
+    kernels = [e for e in events if getattr(e, "device_type", None) is not None and e.device_type.name == "CUDA"]
+    total = lambda e: getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)  # noqa: E731
+    if kernels:
+        print(f"    device, ms (launches), {sum(total(e) for e in kernels) / 1e3:.3f} in all: " + ", ".join(
+            f"{e.key[:60]} {total(e) / 1e3:.3f} ({e.count})" for e in sorted(kernels, key=lambda e: -total(e))[:8]))
 
 
 def main(argv=None) -> int:
@@ -98,8 +183,9 @@ def main(argv=None) -> int:
     p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     p.add_argument("--imgsz", type=int, default=640)
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--objects", type=int, default=10)
+    p.add_argument("--objects", type=int, nargs="+", default=[10])
     p.add_argument("--top", action="store_true", help="also the most dispatched operations of each")
+    p.add_argument("--profile", action="store_true", help="where each patched call's time goes (torch.profiler)")
     p.add_argument("--cost-op", choices=("on", "off", "default"), default="default",
                    help="the patched matchers' cost by torch.ops.lucid.detr_cost.family on this device, or not "
                         "(default: transformers.FAMILY_COST_DEVICES)")
@@ -109,13 +195,20 @@ def main(argv=None) -> int:
         lt.FAMILY_COST_DEVICES = others + ((torch.device(args.device).type,) if args.cost_op == "on" else ())
     import transformers
 
-    print(f"matcher calls of one loss call, batch {args.batch} at {args.imgsz} px, {args.objects} objects per image, "
+    if args.profile:
+        print(f"the patched matcher's calls of one loss call under torch.profiler, bf16 autocast, {args.device}, "
+              f"torch {torch.__version__}, transformers {transformers.__version__}")
+        for family in args.families:
+            for objects in args.objects:
+                profile(family, args, objects)
+        return 0
+    print(f"matcher calls of one loss call, batch {args.batch} at {args.imgsz} px, {args.objects[0]} objects per image, "
           f"bf16 autocast, {args.device}, torch {torch.__version__}, transformers {transformers.__version__}, the cost "
           f"op on {', '.join(lt.FAMILY_COST_DEVICES) or 'no device'}")
     print(f"{'family':<16} {'matcher':<8} {'calls':>5} {'ops':>6} {'syncs':>5} {'ms':>9}")
     for family in args.families:
         for patched in (False, True):
-            r = count(family, patched, args, args.objects)
+            r = count(family, patched, args, args.objects[0])
             print(f"{family:<16} {'patched' if patched else 'own':<8} {r['calls']:>5} {r['ops']:>6} {r['syncs']:>5} "
                   f"{r['ms']:>9.2f}", flush=True)
             if args.top:
