@@ -247,6 +247,20 @@ def test_guarded_problems_declined_go_back_to_the_trainer(library):
                      _alone(stack[1], objects, counts))
 
 
+def test_the_memo_serves_only_the_same_autocast_region():
+    """A later layer's call under another autocast region (where a cost may round otherwise) is matched afresh."""
+    g = torch.Generator().manual_seed(4)
+    stack, objects, counts = torch.rand(3, 2, 6, 4, generator=g), torch.rand(5, 4, generator=g), [2, 3]
+    m = Matcher()
+    _call(m, stack[0], objects, counts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _same(_call(m, stack[1], objects, counts), _alone(stack[1], objects, counts))
+    assert m._costs == 2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _call(m, stack[2], objects, counts)  # the region of the memo's call: served
+    assert m._costs == 2
+
+
 def test_inference_tensors_are_matched_alone():
     """Tensors made under torch.inference_mode track no version, so a call on them cannot be keyed: it is a call of
     its own (None), never an error."""

@@ -254,11 +254,12 @@ def _each_call_compared(cls):
 def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, monkeypatch):
     """The decoder layers' calls of one loss call share one call of the op (after the class's first call, which is
     checked on its own): fewer solves than matcher calls, each call's matches the matcher's own (LW-DETR: in query
-    groups)."""
-    solves = []
-    solve = core.solve
+    groups); a call served from its stack's solve reads nothing else of its call (not its kind)."""
+    solves, kinds = [], []
+    solve, usable = core.solve, lt._blocks_usable
     monkeypatch.setattr(core, "solve", lambda problems, where, backend, layers=1: solves.append(layers)
                         or solve(problems, where, backend, layers))
+    monkeypatch.setattr(lt, "_blocks_usable", lambda *a: kinds.append(1) or usable(*a))
     spec = FAMILIES[family]
     torch.manual_seed(0)
     # DETR and LW-DETR match their last layer apart from the others (not a view of their stack): three layers, so
@@ -272,9 +273,11 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, mon
         cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
         _loss(model, inputs, labels)  # the class's first call, checked
         solves.clear()
+        kinds.clear()
         with _each_call_compared(cls) as calls:
             _loss(model, inputs, labels)
     assert all(calls) and max(solves) >= 2 and len(solves) < len(calls), (solves, calls)
+    assert len(kinds) == len(solves), (kinds, solves)
 
 
 def test_layer_matches_follow_their_inputs(library):

@@ -167,7 +167,7 @@ class Guarded(NamedTuple):
     status where that is checked, in one synchronisation."""
 
     problems: torch.Tensor
-    declined: torch.Tensor  # 0-dim bool
+    declined: torch.Tensor  # one element, nonzero where declined
 
 
 def settle(declined: torch.Tensor | None, info: torch.Tensor, check: bool) -> tuple:
@@ -320,18 +320,17 @@ def layer_of(t) -> Layer | None:
     if stack.dtype != t.dtype or not stack.is_contiguous() or t.numel() == 0:
         return None
     offset = t.storage_offset() - stack.storage_offset()
-    if (stack.shape[1:] == t.shape and 1 < stack.shape[0] <= MAX_LAYERS and stack.stride()[1:] == t.stride()
-            and offset % stack.stride(0) == 0):
-        return Layer(stack, stack.stride(0), offset // stack.stride(0), stack.shape[0], 0)  # stack[l]: the common case
-    if stack.dim() == t.dim() + 1 and min(stack.stride()) > 0:
-        index = [(offset // stride) % size for size, stride in zip(stack.shape, stack.stride())]
-        if sum(i * stride for i, stride in zip(index, stack.stride())) == offset:
-            for dim in range(stack.dim()):
-                rest = [k for k in range(stack.dim()) if k != dim]
-                if (1 < stack.shape[dim] <= MAX_LAYERS and tuple(stack.stride(k) for k in rest) == t.stride()
-                        and all(index[k] + t.shape[j] <= stack.shape[k] for j, k in enumerate(rest))):
-                    step = stack.stride(dim)
-                    return Layer(stack, step, index[dim], stack.shape[dim], offset - index[dim] * step)
+    shape, strides, t_shape, t_strides = tuple(stack.shape), stack.stride(), tuple(t.shape), t.stride()
+    if shape[1:] == t_shape and 1 < shape[0] <= MAX_LAYERS and strides[1:] == t_strides and offset % strides[0] == 0:
+        return Layer(stack, strides[0], offset // strides[0], shape[0], 0)  # stack[l]: the common case
+    if len(shape) == len(t_shape) + 1 and min(strides) > 0:
+        index = [(offset // stride) % size for size, stride in zip(shape, strides)]
+        if sum(i * stride for i, stride in zip(index, strides)) == offset:
+            for dim in range(len(shape)):
+                if (1 < shape[dim] <= MAX_LAYERS and strides[:dim] + strides[dim + 1:] == t_strides
+                        and all(i + n <= size for i, n, size in
+                                zip(index[:dim] + index[dim + 1:], t_shape, shape[:dim] + shape[dim + 1:]))):
+                    return Layer(stack, strides[dim], index[dim], shape[dim], offset - index[dim] * strides[dim])
     step = t.numel()
     layers, rest = divmod(stack.numel(), step)
     if t.is_contiguous() and offset % step == 0 and rest == 0 and 1 < layers <= MAX_LAYERS:
@@ -380,7 +379,7 @@ class Memo:
     """Every layer's matches of one stack against one batch of objects, each handed out once. It keeps weak
     references to the stacks and the objects (never the autograd graph alive) and serves a later call only while
     they are the same tensors, unchanged (their version counters), in the same geometry, with the same layout and
-    the matcher's same settings: the one rule of "same call"."""
+    the matcher's same settings and autocast region: the one rule of "same call"."""
 
     def __init__(self, refs: list, key: tuple, layers: dict, info: torch.Tensor, where: Layout, codes: list | None):
         self._refs, self._key, self._layers, self._info, self._where = refs, key, layers, info, where
@@ -399,16 +398,35 @@ _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # matcher -> it
 # the matcher (which trainers deep-copy and save with the model)
 
 
-def _keyed(found: list, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout,
-           settings: tuple):
-    """(the tensors whose identity the call depends on, the rest of its key), or None where it cannot be keyed
-    (inference tensors track no versions)."""
+def _keyed(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, backend: str):
+    """(where each input sits in its stack, the tensors whose identity the call depends on, the rest of its key: the
+    geometry, the versions, the layout, the matcher's settings, the backend and the autocast region of the inputs'
+    device), or None where the inputs are not the same layer of stacks or the call cannot be keyed (inference
+    tensors track no versions)."""
+    found = [layer_of(t) for t in inputs]
+    if any(f is None for f in found) or len({(f.layer, f.layers) for f in found}) != 1:
+        return None
     tensors = [f.stack for f in found] + list(objects)
-    if any(t.is_inference() for t in tensors):
+    try:
+        versions = tuple(t._version for t in tensors)
+    except RuntimeError:  # an inference tensor
         return None
     geometry = tuple((f.step, f.layers, f.where, tuple(t.shape), t.stride()) for f, t in zip(found, inputs))
-    versions = tuple(t._version for t in tensors)
-    return tensors, (geometry, versions, where.counts, where.queries, where.groups, settings)
+    device = inputs[0].device.type
+    region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
+    return found, tensors, (geometry, versions, where.counts, where.queries, where.groups, settings_of(m), backend,
+                            region)
+
+
+def served(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, backend: str,
+           check: bool):
+    """This call's matches where an earlier call on the same stacks (layered) solved them and the memo serves the
+    same call, else None: what layered() would serve, without its cost function."""
+    memo = _MEMOS.get(m)
+    if memo is None:
+        return None
+    keyed = _keyed(m, inputs, objects, where, backend)
+    return None if keyed is None else memo.take(keyed[1], keyed[2], keyed[0][0].layer, check)
 
 
 def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, costs: Callable,
@@ -418,16 +436,13 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
     layer's problems, ``costs(stacked inputs)`` -> (layers * problems, queries per group, width) or None (no layered
     cost: a call of its own), are solved in one call of the op; the later calls of the same call (Memo) take their
     layer's matches. ``costs`` may return Guarded problems: None where declined. ``objects``: the tensors the cost
-    reads besides the inputs (the rest it depends on: the matcher's settings, settings_of). ``check``: SciPy's error
-    at the call of a layer whose problem it refuses. The flag and the status of every layer are read at the first
-    call, in one synchronisation."""
-    found = [layer_of(t) for t in inputs]
-    if any(f is None for f in found) or len({(f.layer, f.layers) for f in found}) != 1:
-        return None
-    keyed = _keyed(found, inputs, objects, where, settings_of(m) + (("backend", backend),))
+    reads besides the inputs (the rest it depends on: the matcher's settings, settings_of, and the autocast region).
+    ``check``: SciPy's error at the call of a layer whose problem it refuses. The flag and the status of every layer
+    are read at the first call, in one synchronisation."""
+    keyed = _keyed(m, inputs, objects, where, backend)
     if keyed is None:
         return None
-    tensors, key = keyed
+    found, tensors, key = keyed
     layer, layers = found[0].layer, found[0].layers
     memo = _MEMOS.get(m)
     if memo is not None:

@@ -367,6 +367,10 @@ def _patched_forward(cls, own, spec: Matcher):
         groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
         logits = outputs["logits"]
         where = core.layout([len(t[spec.sizes_key]) for t in targets], logits.shape[1], groups, logits.device)
+        if not checking and len(args) + len(kwargs) == spec.grouped and spec.layered:
+            found = _served(self, outputs, targets, where, backend, check)  # a later layer of a stack matched at once
+            if found is not None:
+                return found
         fam, kind = _blocks_usable(spec, self, outputs, targets, where)
         blocks = _blocks_ok.get(kind) if fam is not None else False  # None: this kind not checked yet
         if not checking and len(args) + len(kwargs) == spec.grouped:
@@ -413,6 +417,22 @@ def _patched_forward(cls, own, spec: Matcher):
     return forward
 
 
+def _stack_objects(targets: list) -> list:
+    """The targets' tensors, on which a stack's matches depend besides its outputs (core.layered's ``objects``)."""
+    return [v for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
+
+
+def _served(m, outputs, targets: list, where: core.Layout, backend: str, check: bool):
+    """This call's matches where its outputs are a layer of a stack already matched at once by this loss call (the
+    memo of core.layered serves the same call only), else None."""
+    if not isinstance(outputs, dict) or not all(isinstance(t, dict) for t in targets):
+        return None
+    logits, boxes = outputs.get("logits"), outputs.get("pred_boxes")
+    if not isinstance(logits, torch.Tensor) or not isinstance(boxes, torch.Tensor):
+        return None
+    return core.served(m, (logits, boxes), _stack_objects(targets), where, backend, check)
+
+
 def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, where: core.Layout, backend: str,
                  check: bool, sanitize: bool, layered: bool):
     """This call's matches from each image's cost block: of every layer of its outputs' stack at the stack's first
@@ -424,8 +444,7 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
         return _block_problems(m, fam, stacks, targets, where, sanitize, kind)
 
     if layered:
-        objects = [v for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
-        found = core.layered(m, (logits, boxes), objects, where, costs, backend, check)
+        found = core.layered(m, (logits, boxes), _stack_objects(targets), where, costs, backend, check)
         if found is not None:
             return found
     with torch.no_grad():
@@ -467,7 +486,7 @@ def _from_layers(m, own, outputs, targets: list, where: core.Layout, backend: st
     logits, boxes = outputs.get("logits"), outputs.get("pred_boxes")
     if not isinstance(logits, torch.Tensor) or not isinstance(boxes, torch.Tensor):
         return None
-    objects = [v for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
+    objects = _stack_objects(targets)
 
     def costs(stacks):
         problems = []
