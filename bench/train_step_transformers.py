@@ -2,7 +2,9 @@
 lucid_assign.integrations.transformers.patch(), in one run.
 
     python bench/train_step_transformers.py                       # GPU: RT-DETR, batch 16 at 640 px, bf16 autocast
-    python bench/train_step_transformers.py --family deformable-detr   # also detr; lw-detr with --batch 4
+    python bench/train_step_transformers.py --family deformable-detr   # also detr, lw-detr (at batch 4)
+    python bench/train_step_transformers.py --family rt-detr detr deformable-detr lw-detr --out \
+        docs/bench-step-transformers.json                         # the record the README's rows come from
     python bench/train_step_transformers.py --device cpu --imgsz 128 --batch 2 --objects 5 --steps 2 --warmup 1
 
 The model comes from its default config (RTDetrForObjectDetection; LwDetrForObjectDetection with one projector level,
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
+import json
 import os
 import statistics
 import sys
@@ -96,12 +100,17 @@ def timed_matcher(name: str, device, spans: list):
     return around_matcher(name, around)
 
 
-def measure(args, objects: int) -> list:
-    device = args.device
-    batches = [detr_batch(args.batch, args.imgsz, objects, seed, device, 80, "class_labels") for seed in range(3)]
+def batch_of(family: str, batch: int | None) -> int:
+    """The batch of a family's steps: ``--batch``, else 16 (LW-DETR 4: its own loss outgrows 80 GB at 16)."""
+    return batch if batch is not None else 4 if family == "lw-detr" else 16
+
+
+def measure(args, family: str, objects: int) -> list:
+    device, batch = args.device, batch_of(family, args.batch)
+    batches = [detr_batch(batch, args.imgsz, objects, seed, device, 80, "class_labels") for seed in range(3)]
     runs = []
     for patched in (False, True):
-        model, opt = build(args.family, device)
+        model, opt = build(family, device)
         runs.append(dict(patched=patched, model=model, opt=opt, times=[]))
     contexts = {False: contextlib.nullcontext, True: lambda: lt.patched("kernel")}
     for r in runs:
@@ -115,7 +124,7 @@ def measure(args, objects: int) -> list:
         with contexts[r["patched"]]():
             for i in range(min(args.steps, 5)):
                 spans = []
-                with timed_matcher(FAMILIES[args.family], device, spans):
+                with timed_matcher(FAMILIES[family], device, spans):
                     step(r["model"], r["opt"], *batches[i % 3], device)
                     sync(device)
                 per_step.append(sum(spans))
@@ -129,35 +138,49 @@ def measure(args, objects: int) -> list:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--family", choices=list(FAMILIES), default="rt-detr")
+    p.add_argument("--family", choices=list(FAMILIES), nargs="+", default=["rt-detr"])
     p.add_argument("--imgsz", type=int, default=640)
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batch", type=int, default=None, help="default: 16 (LW-DETR 4)")
     p.add_argument("--objects", type=int, nargs="+", default=[10, 50, 200])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--cost-op", choices=("on", "off", "default"), default="default",
                    help="the patched matchers' cost by torch.ops.lucid.detr_cost.family on this device, or not "
                         "(default: transformers.FAMILY_COST_DEVICES)")
+    p.add_argument("--out", help="write the record (JSON) here")
     args = p.parse_args(argv)
     if args.cost_op != "default":
         others = tuple(d for d in lt.FAMILY_COST_DEVICES if d != torch.device(args.device).type)
         lt.FAMILY_COST_DEVICES = others + ((torch.device(args.device).type,) if args.cost_op == "on" else ())
     import transformers
 
-    print(f"{args.family}, batch {args.batch} at {args.imgsz} px, bf16 autocast, {args.device}, torch "
-          f"{torch.__version__}, transformers {transformers.__version__}"
-          f"{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}; the cost op on "
-          f"{', '.join(lt.FAMILY_COST_DEVICES) or 'no device'}")
-    print(f"{'objects':>7} {'matcher':<10} {'step ms':>9} {'matcher ms (calls)':>19} {'share':>7}")
-    for objects in args.objects:
-        runs = measure(args, objects)
-        for r in runs:
-            print(f"{objects:>7} {'patched' if r['patched'] else 'own':<10} {r['step_s'] * 1e3:9.1f} "
-                  f"{r['matcher_s'] * 1e3:13.2f} ({r['calls']}) {100 * r['matcher_s'] / r['step_s']:6.2f}%")
-        base, ours = runs
-        paired = statistics.median(1 - q / u for u, q in zip(base["times"], ours["times"]))
-        print(f"{'':>7} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch "
-              f"(median of the paired steps: {100 * paired:+.1f}%)", flush=True)
+    print(f"{args.imgsz} px, bf16 autocast, {args.device}, torch {torch.__version__}, transformers "
+          f"{transformers.__version__}{', ' + torch.cuda.get_device_name() if args.device == 'cuda' else ''}; the "
+          f"cost op on {', '.join(lt.FAMILY_COST_DEVICES) or 'no device'}")
+    print(f"{'family':<16} {'batch':>5} {'objects':>7} {'matcher':<8} {'step ms':>9} {'matcher ms (calls)':>19} "
+          f"{'share':>7}")
+    results = []
+    for family in args.family:
+        for objects in args.objects:
+            runs = measure(args, family, objects)
+            batch = batch_of(family, args.batch)
+            for r in runs:
+                print(f"{family:<16} {batch:>5} {objects:>7} {'patched' if r['patched'] else 'own':<8} "
+                      f"{r['step_s'] * 1e3:9.1f} {r['matcher_s'] * 1e3:13.2f} ({r['calls']}) "
+                      f"{100 * r['matcher_s'] / r['step_s']:6.2f}%")
+            base, ours = runs
+            paired = statistics.median(1 - q / u for u, q in zip(base["times"], ours["times"]))
+            print(f"{'':>30} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch "
+                  f"(median of the paired steps: {100 * paired:+.1f}%)", flush=True)
+            results.append(dict(family=family, batch=batch, imgsz=args.imgsz, objects=objects, paired_faster=paired,
+                                **{name: {k: r[k] for k in ("step_s", "matcher_s", "calls", "times")}
+                                   for name, r in (("own", base), ("patched", ours))}))
+    if args.out:
+        env = dict(torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,
+                   gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                   date=datetime.date.today().isoformat(), cost_op=list(lt.FAMILY_COST_DEVICES))
+        with open(args.out, "w") as f:
+            json.dump(dict(environment=env, args=vars(args), results=results), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 `python -m lucid_assign bench ... --out docs/bench-cuda-KIND.json`) and docs/bench-fit-*.json (written by
 `python bench/fit_time.py ... --out docs/bench-fit-RECIPE.json`), so that every figure in it comes with the command,
 the machine and the date that produced it; docs/bench-step-*.json (`python bench/train_step_rfdetr.py ... --out
-docs/bench-step-rfdetr.json`) give the rows of a trainer's steps.
+docs/bench-step-rfdetr.json`, `python bench/train_step_transformers.py ... --out docs/bench-step-transformers.json`)
+give the rows of a trainer's steps.
 
     python scripts/figures.py                 # print the table
     python scripts/figures.py --write README.md   # replace the README's table (between its figures markers)
@@ -177,8 +178,17 @@ def _fit_rows(rec: dict) -> list:
 
 
 def _step_header(rec: dict) -> str:
-    """What the training-step rows of RF-DETR are: the command, machine, date and method."""
+    """What a record's training-step rows are: the command, machine, date and method."""
     env, args = rec["environment"], rec["args"]
+    if "transformers" in env:
+        command = (f"python bench/train_step_transformers.py --family {' '.join(args['family'])} --steps "
+                   f"{args['steps']} --out docs/bench-step-transformers.json")
+        return (f"transformers' DETR-family training steps, {env['gpu']}, torch {env['torch']}, transformers "
+                f"{env['transformers']}, {env['date']}: `{command}` (each model from its default config, 80 classes, "
+                f"no weights, at {args['imgsz']} px, bf16 autocast, SGD; its own matcher (\"peer\": SciPy per image) "
+                f"and the patched one (\"kernel\") stepping alternately, the median of {args['steps']} steps; the "
+                "matcher timed call by call between two synchronisations, and its share of the step; record in "
+                "`docs/bench-step-transformers.json`):")
     command = (f"python bench/train_step_rfdetr.py --steps {args['steps']} --out docs/bench-step-rfdetr.json")
     return (f"RF-DETR training steps, {env['gpu']}, torch {env['torch']}, rfdetr {env['rfdetr']}, {env['date']}: "
             f"`{command}` (each variant built from its config, no weights, batch {args['batch']} at its resolution, "
@@ -187,14 +197,22 @@ def _step_header(rec: dict) -> str:
             "between two synchronisations, and its share of the step; record in `docs/bench-step-rfdetr.json`):")
 
 
+_FAMILY_NAMES = {"rt-detr": "RT-DETR", "detr": "DETR with auxiliary losses",
+                  "deformable-detr": "Deformable DETR (two-stage, refinement)", "lw-detr": "LW-DETR"}
+
+
 def _step_rows(rec: dict) -> list:
-    """One row per variant: its steps at each object count, patched against its own matcher."""
+    """One row per variant (family): its steps at each object count, patched against its own matcher."""
     by = {}
     for r in rec["results"]:
-        by.setdefault((r["variant"], r["imgsz"]), []).append(r)
+        if "family" in r:
+            by.setdefault((f"transformers {_FAMILY_NAMES.get(r['family'], r['family'])}", r["batch"], r["imgsz"]),
+                          []).append(r)
+        else:
+            by.setdefault((f"RF-DETR {r['variant'].capitalize()}", rec["args"]["batch"], r["imgsz"]), []).append(r)
 
     def ms(seconds: float) -> str:
-        return f"{seconds * 1e3:,.3g}"
+        return f"{seconds * 1e3:,.3g}" if seconds < 0.9995 else f"{seconds * 1e3:,.0f}"
 
     def share(r: dict, who: str) -> str:
         return f"{100 * r[who]['matcher_s'] / r[who]['step_s']:.1f}"
@@ -203,12 +221,12 @@ def _step_rows(rec: dict) -> list:
         return f"{r['own']['step_s'] / r['patched']['step_s']:.2f}"
 
     rows = []
-    for (variant, imgsz), rs in by.items():
+    for (model, batch, imgsz), rs in by.items():
         def each(f, unit: str = "") -> str:
             return " / ".join(f(r) for r in rs) + unit
 
         rows.append(
-            f"| RF-DETR {variant.capitalize()} training step, b{rec['args']['batch']} at {imgsz} px, "
+            f"| {model} training step, b{batch} at {imgsz} px, "
             f"{each(lambda r: str(r['objects']))} objects per image (matching: patched "
             f"{each(lambda r: ms(r['patched']['matcher_s']), ' ms')}, {each(lambda r: share(r, 'patched'), '%')} of "
             f"the step; own {each(lambda r: ms(r['own']['matcher_s']), ' ms')}, {each(lambda r: share(r, 'own'), '%')})"

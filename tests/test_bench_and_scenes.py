@@ -260,3 +260,27 @@ def test_the_matcher_ops_bench_counts_a_loss_call(library):
     rows = [line.split() for line in run.stdout.splitlines() if line.startswith("detr ")]
     assert [(r[1], r[2]) for r in rows] == [("own", "6"), ("patched", "6")]
     assert all(int(r[3]) > 0 for r in rows) and int(rows[1][3]) < int(rows[0][3])
+
+
+def test_the_transformers_step_bench_writes_the_record_the_readme_rows_come_from(library, tmp_path):
+    """bench/train_step_transformers.py --out, tiny: a record per family and object count, own and patched; the
+    README's row of it (scripts/figures.py) carries its figures."""
+    pytest.importorskip("transformers")
+    path, _ = _bench_script("train_step_transformers")
+    out = tmp_path / "bench-step-transformers.json"
+    run = subprocess.run([sys.executable, path, "--device", "cpu", "--family", "detr", "--imgsz", "64", "--batch", "1",
+                          "--objects", "2", "--steps", "1", "--warmup", "1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rec = json.loads(out.read_text())
+    (r,) = rec["results"]
+    assert (r["family"], r["batch"], r["objects"], r["own"]["calls"], r["patched"]["calls"]) == ("detr", 1, 2, 6, 6)
+    assert rec["environment"]["transformers"] and rec["environment"]["gpu"] == "cpu"
+    figures = importlib.util.spec_from_file_location(
+        "figures", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "figures.py"))
+    module = importlib.util.module_from_spec(figures)
+    figures.loader.exec_module(module)
+    (row,) = module._step_rows(rec)
+    assert row.startswith("| transformers DETR with auxiliary losses training step, b1 at 64 px, 2 objects")
+    assert f"{1e3 * r['patched']['step_s']:,.3g} ms" in row or f"{1e3 * r['patched']['step_s']:,.0f} ms" in row
+    assert "train_step_transformers.py --family detr --steps 1" in module._step_header(rec)
