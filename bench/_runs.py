@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import statistics
 import subprocess
 import time
 
@@ -108,3 +109,13 @@ def detr_batch(size: int, imgsz: int, objects: int, seed: int, device, classes: 
         targets.append({label_key: s["gt_labels"][b][keep][:, 0].long().to(device), "boxes": boxes.to(device)})
     g = torch.Generator().manual_seed(seed)
     return torch.rand(size, 3, imgsz, imgsz, generator=g).to(device), targets
+
+
+def paired_case(base: dict, ours: dict, indent: int, **fields) -> dict:
+    """One case of a training-step benchmark, own (``base``) against patched (``ours``) runs of alternating steps:
+    printed (the step's gain, and the median of the paired steps' gains) and returned as the record's entry."""
+    paired = statistics.median(1 - q / u for u, q in zip(base["times"], ours["times"]))
+    print(f"{'':>{indent}} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch "
+          f"(median of the paired steps: {100 * paired:+.1f}%)", flush=True)
+    return dict(**fields, paired_faster=paired, **{name: {k: r[k] for k in ("step_s", "matcher_s", "calls", "times")}
+                                                   for name, r in (("own", base), ("patched", ours))})

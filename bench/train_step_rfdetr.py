@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runs import alternated, detr_batch, sync  # noqa: E402
+from _runs import alternated, detr_batch, paired_case, sync  # noqa: E402
 from lucid_assign.integrations import rfdetr as lr  # noqa: E402
 
 VARIANTS = {"small": "RFDETRSmallConfig", "base": "RFDETRBaseConfig", "medium": "RFDETRMediumConfig"}
@@ -167,13 +167,7 @@ def main(argv=None):
                 print(f"{variant:<7} {r['imgsz']:>4} {objects:>7} {'patched' if r['patched'] else 'own':<8} "
                       f"{r['step_s'] * 1e3:9.1f} {r['matcher_s'] * 1e3:14.2f} ({r['calls']}) "
                       f"{100 * r['matcher_s'] / r['step_s']:6.2f}%")
-            base, ours = runs
-            paired = statistics.median(1 - q / u for u, q in zip(base["times"], ours["times"]))
-            print(f"{'':>20} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch "
-                  f"(median of the paired steps: {100 * paired:+.1f}%)", flush=True)
-            results.append(dict(variant=variant, imgsz=base["imgsz"], objects=objects, paired_faster=paired,
-                                **{name: {k: r[k] for k in ("step_s", "matcher_s", "calls", "times")}
-                                   for name, r in (("own", base), ("patched", ours))}))
+            results.append(paired_case(*runs, 20, variant=variant, imgsz=runs[0]["imgsz"], objects=objects))
     if args.out:
         env = dict(torch=torch.__version__, cuda=torch.version.cuda, rfdetr=lr._version(),
                    gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

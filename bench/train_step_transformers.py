@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runs import alternated, detr_batch, sync  # noqa: E402
+from _runs import alternated, detr_batch, paired_case, sync  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
 
 FAMILIES = {"rt-detr": "RTDetrHungarianMatcher", "deformable-detr": "DeformableDetrHungarianMatcher",
@@ -168,13 +168,7 @@ def main(argv=None):
                 print(f"{family:<16} {batch:>5} {objects:>7} {'patched' if r['patched'] else 'own':<8} "
                       f"{r['step_s'] * 1e3:9.1f} {r['matcher_s'] * 1e3:13.2f} ({r['calls']}) "
                       f"{100 * r['matcher_s'] / r['step_s']:6.2f}%")
-            base, ours = runs
-            paired = statistics.median(1 - q / u for u, q in zip(base["times"], ours["times"]))
-            print(f"{'':>30} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch "
-                  f"(median of the paired steps: {100 * paired:+.1f}%)", flush=True)
-            results.append(dict(family=family, batch=batch, imgsz=args.imgsz, objects=objects, paired_faster=paired,
-                                **{name: {k: r[k] for k in ("step_s", "matcher_s", "calls", "times")}
-                                   for name, r in (("own", base), ("patched", ours))}))
+            results.append(paired_case(*runs, 30, family=family, batch=batch, imgsz=args.imgsz, objects=objects))
     if args.out:
         env = dict(torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,
                    gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
