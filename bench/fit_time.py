@@ -37,7 +37,7 @@ Recipes (--images, --imgsz, --model, --classes and --epochs override them); 64 s
                 median of 60, one image of 1,200 (the tail past 1,000)
   dense-obb     yolo26n-obb, 1024 px, 15 classes, 1,024 images of 1,000-2,000 objects, 12 epochs
   coco-hbb      yolo26n, 640 px, 80 classes, 2,048 images, 12 epochs; log-normal with a median of 4, one image of 60
-  rtdetr        the peer's rtdetr-l, 640 px, 80 classes, 1,024 images, 8 epochs, objects as coco-hbb
+  rtdetr        the peer's rtdetr-l, 640 px, 80 classes, 1,024 images, 10 epochs, objects as coco-hbb
   rtdetr-dense  the same with objects log-normal around a median of 60, one image of 600
 """
 

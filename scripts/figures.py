@@ -93,8 +93,8 @@ def table() -> str:
     if fits:
         lines += [""] + _wrap(_fit_header(fits))
     steps = _records("bench-step-")
-    for rec in steps:
-        lines += [""] + _wrap(_step_header(rec))
+    if steps:
+        lines += [""] + _wrap(_step_header(steps))
     lines += ["", "| case | kernel | peer | kernel vs peer | peak memory: kernel / peer |",
               "| --- | --- | --- | --- | --- |"]
     for rec in records:
@@ -141,60 +141,80 @@ def _process(summary: dict) -> dict:
 
 
 def _fit_header(fits: list) -> str:
-    """What the fit rows are: commands, machine, date, what bounds them and whether the fits agree."""
+    """What the fit rows are: commands, machine, date, what bounds them."""
     envs = sorted({f"{r['environment']['gpu']}, torch {r['environment']['torch']}, {r['environment']['date']}"
                    for r in fits})
     commands = ", ".join(f"`{_fit_command(r)}`" for r in fits)
     waits = [r["summary"][v]["loader_wait_share"]["max"] for r in fits for v in ("plain", "patched")]
     full = all("process_s" in r["summary"]["plain"] for r in fits)
-    same = all(r["summary"]["identical"] for r in fits)
     what = ("every loss value and the model, optimiser, EMA and scheduler states" if full else
             "final losses and metrics")
     return (f"Complete fits, {'; '.join(envs)}: {commands} (plain (\"peer\") and patched (\"kernel\") fits of "
-            "the peer's trainer alternating, a process each; medians of the epochs after the first and before the "
-            "last, of the processes and, where recorded, of the fits (`train()`) and the train loop's share; the "
-            f"loop waited for its loader at most {100 * max(waits):.1f}% of an epoch"
-            f"{' (the GPU bounds them)' if max(waits) < 0.1 else ''}; "
-            f"{what} {'identical in every fit' if same else 'DIFFER'}; records in `docs/bench-fit-*.json`):")
+            "the peer's trainer alternating, a process each; medians of the processes, the fits (`train()`) and the "
+            "epochs after the first and before the last; the loader's wait at most "
+            f"{100 * max(waits):.1f}% of an epoch{' (the GPU bounds them)' if max(waits) < 0.1 else ''}; end "
+            f"states: {what}, byte for byte; records in `docs/bench-fit-*.json`):")
+
+
+def _end_state(summary: dict) -> str:
+    """Whether a record's fits end in the same state: all of them, or, where the plain fits already differ among
+    themselves (a trainer that is not deterministic on the device), none can be compared."""
+    if summary["identical"]:
+        return "end states identical"
+    if summary.get("plain_agree") is False:
+        return "the plain fits differ among themselves (not deterministic), so not compared"
+    return "end states DIFFER in " + ", ".join(summary["differ"])
 
 
 def _fit_rows(rec: dict) -> list:
-    """Rows per fit record, patched against plain: an epoch, the complete fit where recorded (with the train loop's
-    share of the process), and the whole process."""
+    """One row per fit record, patched against plain: the whole process, with the complete fit (and the train loop's
+    share of the process) and an epoch beside it."""
     args, counts, summary = rec["args"], rec["counts"], rec["summary"]
     median = statistics.median(counts)
-    what = (f"{args['recipe']} fit: {args['model'].removesuffix('.yaml')}, b{args['batch']} at {args['imgsz']} px, "
-            f"{len(counts):,} images, objects per image median {median:,g} (max {max(counts):,}), "
-            f"{args['epochs']} epochs, {args['pairs']} pairs")
-    parts = [(summary["patched"]["epoch_s"], summary["plain"]["epoch_s"], "an epoch")]
+    pairs = sum(f["variant"] == "patched" for f in rec["fits"]) if "fits" in rec else args["pairs"]
+    done = f"{pairs} pairs" if pairs >= args["pairs"] else f"{pairs} of {args['pairs']} pairs"
+    k, p = _process(summary["patched"]), _process(summary["plain"])
+    beside = []
     if "process_s" in summary["plain"]:
         share = "/".join(f"{100 * summary[v]['loop_share']['median']:.0f}%" for v in ("patched", "plain"))
-        parts.append((summary["patched"]["fit_s"], summary["plain"]["fit_s"],
-                      f"the complete fit, the train loop {share} of the process"))
-    parts.append((_process(summary["patched"]), _process(summary["plain"]), "the whole process"))
-    return [f"| {what}: {label} (ranges {k['min']:,.1f}-{k['max']:,.1f} / {p['min']:,.1f}-{p['max']:,.1f} s) | "
-            f"{k['median']:,.2f} s | {p['median']:,.2f} s | {p['median'] / k['median']:,.2f}x | - |"
-            for k, p, label in parts]
+        kf, pf = summary["patched"]["fit_s"], summary["plain"]["fit_s"]
+        beside.append(f"the fit {kf['median']:,.1f} / {pf['median']:,.1f} s, {pf['median'] / kf['median']:,.2f}x, "
+                      f"the train loop {share} of the process")
+    ke, pe = summary["patched"]["epoch_s"], summary["plain"]["epoch_s"]
+    beside.append(f"an epoch {ke['median']:,.2f} / {pe['median']:,.2f} s, {pe['median'] / ke['median']:,.2f}x")
+    return [f"| {args['recipe']} fit: {args['model'].removesuffix('.yaml')}, b{args['batch']} at {args['imgsz']} px, "
+            f"{len(counts):,} images, objects per image median {median:,g} (max {max(counts):,}), "
+            f"{args['epochs']} epochs, {done}, {_end_state(summary)}: the whole process (ranges "
+            f"{k['min']:,.1f}-{k['max']:,.1f} / {p['min']:,.1f}-{p['max']:,.1f} s; {'; '.join(beside)}) | "
+            f"{k['median']:,.2f} s | {p['median']:,.2f} s | {p['median'] / k['median']:,.2f}x | - |"]
 
 
-def _step_header(rec: dict) -> str:
-    """What a record's training-step rows are: the command, machine, date and method."""
-    env, args = rec["environment"], rec["args"]
-    if "transformers" in env:
-        command = (f"python bench/train_step_transformers.py --family {' '.join(args['family'])} --steps "
-                   f"{args['steps']} --out docs/bench-step-transformers.json")
-        return (f"transformers' DETR-family training steps, {env['gpu']}, torch {env['torch']}, transformers "
-                f"{env['transformers']}, {env['date']}: `{command}` (each model from its default config, 80 classes, "
-                f"no weights, at {args['imgsz']} px, bf16 autocast, SGD; its own matcher (\"peer\": SciPy per image) "
-                f"and the patched one (\"kernel\") stepping alternately, the median of {args['steps']} steps; the "
-                "matcher timed call by call between two synchronisations, and its share of the step; record in "
-                "`docs/bench-step-transformers.json`):")
-    command = (f"python bench/train_step_rfdetr.py --steps {args['steps']} --out docs/bench-step-rfdetr.json")
-    return (f"RF-DETR training steps, {env['gpu']}, torch {env['torch']}, rfdetr {env['rfdetr']}, {env['date']}: "
-            f"`{command}` (each variant built from its config, no weights, batch {args['batch']} at its resolution, "
-            "bf16 autocast, AdamW; RF-DETR's own matcher (\"peer\": torch-linear-assignment) and the patched one "
-            f"(\"kernel\") stepping alternately, the median of {args['steps']} steps; the matching timed call by call "
-            "between two synchronisations, and its share of the step; record in `docs/bench-step-rfdetr.json`):")
+def _step_command(rec: dict) -> str:
+    """The command that makes a training-step record, with the settings that differ from the bench's defaults."""
+    args = rec["args"]
+    if "transformers" in rec["environment"]:
+        words = ["python bench/train_step_transformers.py", "--family " + " ".join(args["family"])]
+        name = "transformers"
+    else:
+        words = ["python bench/train_step_rfdetr.py"]
+        name = "rfdetr"
+    words += [f"--{k} {args[k]}" for k, default in (("steps", 10), ("warmup", 3)) if args[k] != default]
+    return " ".join(words + [f"--out docs/bench-step-{name}.json"])
+
+
+def _step_header(steps: list) -> str:
+    """What the training-step rows are: per record the command, machine, date, and the method they share."""
+    each = []
+    for rec in steps:
+        env, args = rec["environment"], rec["args"]
+        trainer = (f"transformers {env['transformers']} (own matcher: SciPy per image; SGD)" if "transformers" in env
+                   else f"RF-DETR's trainer, rfdetr {env['rfdetr']} (own matcher: torch-linear-assignment; AdamW)")
+        each.append(f"{trainer}, {env['gpu']}, torch {env['torch']}, {env['date']}: `{_step_command(rec)}`, the "
+                    f"median of {args['steps']} steps")
+    return ("DETR training steps, " + "; ".join(each) + " (each model built from its config, no weights, bf16 "
+            "autocast; the own (\"peer\") and the patched matcher (\"kernel\") stepping alternately; the matcher "
+            "timed call by call between two synchronisations, and its share of the step; records in "
+            "`docs/bench-step-*.json`):")
 
 
 _FAMILY_NAMES = {"rt-detr": "RT-DETR", "detr": "DETR with auxiliary losses",

@@ -219,6 +219,44 @@ def test_fit_summary_says_where_the_end_states_differ():
     assert "not deterministic here" in fit_time.table(result)
 
 
+def _figures():
+    spec = importlib.util.spec_from_file_location(
+        "figures", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "figures.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_fit_record_makes_one_readme_row_that_says_how_far_it_got_and_how_the_fits_ended():
+    """scripts/figures.py: a record of fit_time.py is one row: the whole process's medians and their ratio, the fit
+    and an epoch beside them, the pairs done of those asked, and the end state (identical, differing, or not
+    comparable where the plain fits already differ among themselves)."""
+    _, fit_time = _bench_script("fit_time")
+    figures = _figures()
+
+    def fit(variant, pair, wall, **digests):
+        return dict(variant=variant, pair=pair, wall_s=wall, fit_s=wall - 1, epochs=[3.0, 2.0, 2.5],
+                    loops=[2.5, 1.7, 2.0], waits=[0.1, 0.0, 0.2], patch_s=0.1 if variant == "patched" else None,
+                    final={}, digests=dict.fromkeys(fit_time.STATES, "a") | digests)
+
+    args = dict(recipe="rtdetr", model="rtdetr-l.yaml", batch=16, imgsz=640, epochs=10, pairs=3)
+
+    def row(fits):
+        (line,) = figures._fit_rows(dict(args=args, counts=[1, 4, 9], fits=fits, summary=fit_time.summary(fits, "0")))
+        return line
+
+    line = row([fit("plain", 0, 20.0), fit("patched", 0, 10.0)])
+    assert "3 images, objects per image median 4 (max 9), 10 epochs, 1 of 3 pairs, end states identical" in line
+    assert line.endswith("| 10.00 s | 20.00 s | 2.00x | - |") and "the fit 9.0 / 19.0 s, 2.11x" in line
+    pairs = [fit("plain", 0, 20.0), fit("patched", 0, 10.0), fit("patched", 1, 10.0), fit("plain", 1, 20.0),
+             fit("plain", 2, 20.0), fit("patched", 2, 10.0)]
+    assert ", 3 pairs, end states identical" in row(pairs)
+    pairs[1]["digests"]["ema"] = "b"
+    assert "end states DIFFER in ema" in row(pairs)
+    pairs[0]["digests"]["ema"] = "c"
+    assert "the plain fits differ among themselves (not deterministic), so not compared" in row(pairs)
+
+
 def test_yolo_dataset_validates_on_its_first_images(tmp_path):
     """write_yolo_dataset(val_images=k): the validation split is the first k training images, as the peer reads it."""
     pytest.importorskip("cv2")
@@ -276,11 +314,10 @@ def test_the_transformers_step_bench_writes_the_record_the_readme_rows_come_from
     (r,) = rec["results"]
     assert (r["family"], r["batch"], r["objects"], r["own"]["calls"], r["patched"]["calls"]) == ("detr", 1, 2, 6, 6)
     assert rec["environment"]["transformers"] and rec["environment"]["gpu"] == "cpu"
-    figures = importlib.util.spec_from_file_location(
-        "figures", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "figures.py"))
-    module = importlib.util.module_from_spec(figures)
-    figures.loader.exec_module(module)
+    module = _figures()
     (row,) = module._step_rows(rec)
     assert row.startswith("| transformers DETR with auxiliary losses training step, b1 at 64 px, 2 objects")
     assert f"{1e3 * r['patched']['step_s']:,.3g} ms" in row or f"{1e3 * r['patched']['step_s']:,.0f} ms" in row
-    assert "train_step_transformers.py --family detr --steps 1" in module._step_header(rec)
+    header = module._step_header([rec])
+    assert "`python bench/train_step_transformers.py --family detr --steps 1 --warmup 1 --out" in header
+    assert f"transformers {rec['environment']['transformers']}" in header
