@@ -1,6 +1,8 @@
 """What ``lucid-assign run`` adds to a command's start: ``lucid-assign run -- python -c pass`` against ``python -c
-pass`` (the launcher's own interpreter start, then the command's with the import hook), and the hook alone (``python
--c pass`` with the environment run gives it), each the median of --reps runs, the variants alternating.
+pass`` (this environment's Python running code: it runs in the launcher's process, with the import hook added there),
+``lucid-assign run -- python -B -c pass`` against ``python -B -c pass`` (an interpreter option: the command replaces
+the launcher, so two interpreters start), and the hook alone (``python -c pass`` with the environment run gives it),
+each the median of --reps runs, the variants alternating.
 
     python bench/run_startup.py              # 20 runs of each, three rounds
 """
@@ -38,9 +40,15 @@ def main() -> int:
     python = [sys.executable, "-c", "pass"]
     launch = _launch_module()
     hooked = launch.environment("auto", list(launch.TRAINERS), [])
+    option = [sys.executable, "-B", "-c", "pass"]
     variants = {"python -c pass": (python, None),
                 "lucid-assign run -- python -c pass": ([launcher, "run", "--", *python], None),
-                "python -c pass, the hook's environment": (python, hooked)}
+                "python -c pass, the hook's environment": (python, hooked),
+                "python -B -c pass": (option, None),
+                "lucid-assign run -- python -B -c pass": ([launcher, "run", "--", *option], None)}
+    bases = {"lucid-assign run -- python -c pass": "python -c pass",
+             "python -c pass, the hook's environment": "python -c pass",
+             "lucid-assign run -- python -B -c pass": "python -B -c pass"}
     for _ in range(3):  # warm the file cache
         for cmd, env in variants.values():
             subprocess.run(cmd, env=env, check=True)
@@ -54,8 +62,7 @@ def main() -> int:
                 subprocess.run(cmd, env=env, check=True)
                 times[name].append(time.perf_counter() - t)
         med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-        base = med["python -c pass"]
-        print(f"round {r + 1}: " + "; ".join(f"{k} {v:.1f}" + (f" (+{v - base:.1f})" if k != "python -c pass" else "")
+        print(f"round {r + 1}: " + "; ".join(f"{k} {v:.1f}" + (f" ({v - med[bases[k]]:+.1f})" if k in bases else "")
                                              for k, v in med.items()))
     return 0
 

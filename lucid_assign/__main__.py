@@ -12,17 +12,23 @@
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
-import time
 
-import torch
+from . import _launch
 
-from . import _launch, _library, api, dispatch, viz
-from .bench import PRESETS as BENCH_PRESETS
-from .reference import INPUTS
-from .synthetic import dota_like_batch
+if _launch.launching():  # `python -m lucid_assign run -- COMMAND` (lucid_assign/_launch.py), before torch loads
+    sys.exit(_launch.launch())
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+
+from . import _library, api, dispatch, viz  # noqa: E402
+from .bench import PRESETS as BENCH_PRESETS  # noqa: E402
+from .reference import INPUTS  # noqa: E402
+from .synthetic import dota_like_batch  # noqa: E402
 
 BENCH_DEFAULT_BACKENDS = "reference,kernel,peer"  # --kind lsap: kernel, scipy and tla
 

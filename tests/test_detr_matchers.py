@@ -305,13 +305,78 @@ def test_without_run_nothing_is_patched(library):
 
 
 def test_a_process_that_imports_no_trainer_is_unchanged():
-    """Its modules (but the hook's sitecustomize) and sys.path are those of the same command without run."""
+    """Its modules (but the hook's, and those of the launch: ``python -m`` imports runpy) and sys.path are those of
+    the same command without run, whether it runs in the launcher's process (this Python) or replaces it (an
+    interpreter option)."""
     code = "import json, sys; print(json.dumps([sorted(sys.modules), sys.path, sys.meta_path[0].__module__]))"
-    modules, path, _ = json.loads(_python(["-c", code]).stdout)
-    (ran, ran_path, first) = json.loads(_run(["--", sys.executable, "-c", code]).stdout)
-    assert set(ran) - set(modules) <= {"sitecustomize", "importlib.machinery", "importlib"}, set(ran) ^ set(modules)
-    assert set(modules) <= set(ran) and ran_path == path and first == "sitecustomize"
-    assert not any(m.split(".")[0] in ("torch", "lucid_assign") for m in ran)
+    launch = set(json.loads(_python(["-c", "import runpy, sys, json; print(json.dumps(sorted(sys.modules)))"]).stdout))
+    for option in ([], ["-B"]):
+        modules, path, _ = json.loads(_python([*option, "-c", code]).stdout)
+        (ran, ran_path, first) = json.loads(_run(["--", sys.executable, *option, "-c", code]).stdout)
+        extra = set(ran) - set(modules) - launch
+        assert extra <= {"sitecustomize", "_lucid_assign_run", "importlib.machinery", "importlib"}, extra
+        assert set(modules) <= set(ran) and ran_path == path
+        assert first == ("sitecustomize" if option else "_lucid_assign_run")
+        assert not any(m.split(".")[0] in ("torch", "lucid_assign") for m in ran)
+
+
+# what a command sees of its start: argv, sys.path[0], __main__'s file, spec name and loader kind, and the process's
+# own argv (the launcher's where the command ran in its process)
+SEEN = ("import json, sys; m = sys.modules['__main__']; print(json.dumps([sys.argv, sys.path[0], "
+        "getattr(m, '__file__', None), getattr(m.__spec__, 'name', None), type(m.__loader__).__name__, "
+        "sys.orig_argv]))")
+
+
+def test_this_python_runs_a_script_a_module_or_code_in_the_launchers_process_as_it_would_alone(tmp_path):
+    """``python SCRIPT``, ``python -m MODULE`` and ``python -c CODE`` of the launcher's own Python run in its process
+    (no second interpreter start), and see what they would see in a process of their own: sys.argv, sys.path[0] (the
+    script's real folder; the working directory; ''), a fresh ``__main__`` (its file, spec and loader), the same
+    sys.path; the package imports afresh and whole there. A Python with an option, or another command, replaces the
+    launcher (its own argv)."""
+    code = SEEN
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "seen.py").write_text(code + "\n")
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "script.py").write_text(code + "\nimport lucid_assign; print(hasattr(lucid_assign, 'assign'))\n")
+    os.symlink(tmp_path / "real" / "script.py", tmp_path / "link.py")
+    cases = [([str(tmp_path / "link.py"), "a"], True), (["-m", "pkg.seen", "b"], True), (["-c", code, "c"], True),
+             (["-B", "-c", code, "c"], False)]
+    for args, here in cases:
+        alone = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        ran = subprocess.run([sys.executable, "-m", "lucid_assign", "run", "--", sys.executable, *args],
+                             capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert alone.returncode == 0 and ran.returncode == 0, ran.stderr[-2000:]
+        assert ran.stdout.splitlines()[1:] == alone.stdout.splitlines()[1:]  # the package, whole
+        mine, theirs = json.loads(ran.stdout.splitlines()[0]), json.loads(alone.stdout.splitlines()[0])
+        assert mine[:5] == theirs[:5], (args, mine, theirs)
+        assert (mine[5] != theirs[5]) == here and ("lucid_assign" in mine[5]) == here
+
+
+def test_a_command_run_in_the_launchers_process_fails_and_is_interrupted_as_alone():
+    """An uncaught exception: the traceback from the command's code on (no frame of the launcher), status 1; an
+    interrupt ends the process by SIGINT, as Python does; a thread of the command may import the package while
+    the main thread waits for it (the launcher holds no import lock)."""
+    failing = "def f():\n    1 / 0\nf()"
+    for args in (["-c", failing], ["-c", "raise KeyboardInterrupt"]):
+        alone = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300)
+        ran = _run(["--", sys.executable, *args])
+        assert ran.returncode == alone.returncode != 0 and ran.stderr == alone.stderr, ran.stderr
+    threaded = ("import threading; t = threading.Thread(target=__import__, args=('lucid_assign.integrations.detr',)); "
+                "t.start(); t.join(120); print(t.is_alive())")
+    assert _run(["--", sys.executable, "-c", threaded]).stdout.split() == ["False"]
+
+
+def test_the_console_script_runs_this_python_in_its_process():
+    """The installed ``lucid-assign`` (lucid_assign._launch:console) launches before the package loads torch."""
+    script = os.path.join(os.path.dirname(sys.executable), "lucid-assign")
+    if not os.path.exists(script):
+        pytest.skip("no lucid-assign console script beside this Python")
+    code = "import sys, json; print(json.dumps([sys.orig_argv[1:3], 'torch' in sys.modules]))"
+    out = subprocess.run([script, "run", "--", sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and json.loads(out.stdout) == [[script, "run"], False], out.stderr
 
 
 def test_a_sitecustomize_run_shadows_still_runs(tmp_path):
@@ -325,9 +390,10 @@ def test_a_sitecustomize_run_shadows_still_runs(tmp_path):
 
 
 def test_run_passes_the_exit_status_and_signals_through():
-    assert _run(["--", sys.executable, "-c", "raise SystemExit(7)"]).returncode == 7
-    killed = _run(["--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])
-    assert killed.returncode == -signal.SIGTERM
+    for option in ([], ["-B"]):  # in the launcher's process, and in its place
+        assert _run(["--", sys.executable, *option, "-c", "raise SystemExit(7)"]).returncode == 7
+        killed = _run(["--", sys.executable, *option, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])
+        assert killed.returncode == -signal.SIGTERM
     missing = _run(["--", "no-such-command-here"])
     assert missing.returncode == 127 and "no-such-command-here" in missing.stderr
 

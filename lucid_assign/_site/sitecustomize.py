@@ -1,6 +1,6 @@
 """``lucid-assign run``'s hook in every Python process of the command it starts (lucid_assign/_launch.py puts this
 folder first on PYTHONPATH, so that each interpreter imports this file at its start, and names what to patch in
-LUCID_ASSIGN_RUN).
+LUCID_ASSIGN_RUN; the launcher's own process, where COMMAND runs in it, loads it as ``_lucid_assign_run``).
 
 It imports nothing beyond ``os`` and ``sys`` and patches nothing at start: it adds an import finder that, when a
 trainer's module (or a named matcher's) has been imported for the first time, patches it with lucid-assign's
@@ -129,5 +129,6 @@ def _chain():
         spec.loader.exec_module(module)
 
 
-_install()
-_chain()
+if __name__ == "sitecustomize":  # a process's start; lucid_assign/_launch.py loads it under another name and installs
+    _install()
+    _chain()
