@@ -1,7 +1,8 @@
 """How much search the linear sum assignment does on a DETR trainer's real costs: the steps of SciPy's algorithm (one
 column added to the search tree each) for every problem of every matcher call in one training loss of an untrained
 transformers RT-DETR (default config, no weights, 80 classes, bf16 autocast, DOTA-like axis-aligned objects), against
-uniform random costs of the same shape.
+uniform random costs of the same shape, and those of the LSAP benchmark's synthetic trainer costs
+(``lucid_assign.synthetic.detr_costs``: uniform, untrained, trained) at the same size.
 
     python bench/lsap_steps.py                                   # batch 4 at 640 px, 200 objects per image (CPU)
     python bench/lsap_steps.py --batch 1 --imgsz 128 --objects 5  # smoke test
@@ -27,6 +28,7 @@ import train_step_transformers as ts  # noqa: E402
 from _runs import detr_batch  # noqa: E402
 from lucid_assign import lsap  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
+from lucid_assign.synthetic import DETR_COSTS, detr_costs  # noqa: E402
 
 
 def steps(cost: torch.Tensor) -> int:
@@ -87,6 +89,11 @@ def main(argv=None):
         uniform = [steps(torch.rand(cost.shape[1], n, generator=g, dtype=torch.float64)) for n in sizes]
         print(f"  call {k + 1}: {min(counts)}-{max(counts)} (median {statistics.median(counts):g}); uniform costs of "
               f"the same shapes {min(uniform)}-{max(uniform)}")
+    queries = calls[0][0].shape[1] if calls else 300
+    for kind in DETR_COSTS:  # the benchmark's synthetic trainer costs (lucid-assign bench --kind lsap --costs)
+        counts = [steps(c.double()) for c in detr_costs(args.batch, queries, args.objects, kind, seed=args.seed)]
+        print(f"  synthetic.detr_costs(kind={kind!r}), {queries} x {args.objects}: {min(counts)}-{max(counts)} "
+              f"(median {statistics.median(counts):g})")
 
 
 if __name__ == "__main__":

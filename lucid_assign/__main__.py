@@ -221,12 +221,12 @@ def bench_lsap(args, device) -> int:
     backends = [b for b in given if b != "peer"] + (["scipy", "tla"] if "peer" in given else [])
     reps = args.reps or (20 if device == "cuda" else 5)
     env = B.environment()
-    print(f"lucid-assign bench: linear sum assignment of uniform random float32 costs, shapes "
+    print(f"lucid-assign bench: linear sum assignment of float32 costs ({', '.join(args.costs)}), shapes "
           f"{', '.join('x'.join(map(str, s)) for s in shapes)}, device {device}")
     print(f"torch {env['torch']} (CUDA {env['cuda']}), GPU {env['gpu']}, CPU threads {env['cpu_threads']}, "
           f"commit {env['commit']}, {env['date']}")
     results = B.lsap_run(shapes, device, list(dict.fromkeys(backends)), reps, seed=args.seed,
-                         progress=not args.no_progress)
+                         progress=not args.no_progress, costs=list(dict.fromkeys(args.costs)))
     print()
     print(B.lsap_table(results))
     B.write_json(args.out, vars(args) | dict(device=device, reps=reps), results)
@@ -294,6 +294,10 @@ def build_parser():
     bp.add_argument("--shapes", type=_shape, nargs="+", default=None, metavar="BxRxC",
                     help="--kind lsap: cost shapes, batch x rows x columns (default 16x300x10 16x300x50 16x300x200, "
                     "RT-DETR's 300 queries against 10, 50 and 200 objects per image)")
+    bp.add_argument("--costs", choices=("uniform", "untrained", "trained"), nargs="+", default=["uniform"],
+                    help="--kind lsap: the costs, uniform random, or a DETR trainer's (lucid_assign.synthetic."
+                    "detr_costs): an untrained model's (near ties), a partly trained one's (confident and duplicated "
+                    "queries); default uniform")
     bp.add_argument("--batch", type=_positive, default=None,
                     help="images per batch (default 16 on a GPU, 4 on the CPU)")
     bp.add_argument("--objects", type=_count, nargs="+", default=None,

@@ -11,6 +11,7 @@ the peer trainer's assigner (``ultralytics``) when it is installed.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import platform
@@ -326,7 +327,8 @@ def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: 
 # ---- the linear sum assignment ----------------------------------------------------------------------------------
 # Backends: the compiled op ("kernel"), the peer matcher's path ("scipy": the cost copied to the host, then SciPy once
 # per problem) and torch-linear-assignment ("tla", package torch-hungarian: a Triton kernel of SciPy's algorithm),
-# each where installed; the costs are uniform random float32, one seeded batch per copy.
+# each where installed; the costs float32, uniform random or a DETR trainer's (synthetic.detr_costs: an untrained
+# model's near ties, a partly trained one's), one seeded batch per copy.
 LSAP_SHAPES = ((16, 300, 10), (16, 300, 50), (16, 300, 200))
 
 
@@ -358,16 +360,23 @@ def lsap_runner(backend: str):
     return f"unknown backend {backend!r}"
 
 
-def lsap_run(shapes, device, backends, reps: int, seed: int = 0, progress: bool = True) -> list:
-    """Time each backend on each (batch, rows, columns) shape; rows like run()'s."""
+def lsap_run(shapes, device, backends, reps: int, seed: int = 0, progress: bool = True,
+             costs=("uniform",)) -> list:
+    """Time each backend on each (batch, rows, columns) shape of each kind of costs (synthetic.DETR_COSTS); rows like
+    run()'s."""
+    from .synthetic import detr_costs
+
     results = []
-    bar = Progress(len(shapes) * len(backends)) if progress else None
-    for shape in shapes:
-        g = torch.Generator().manual_seed(seed)
-        copies = [torch.rand(shape, generator=g).to(device) for _ in range(3)]
+    bar = Progress(len(shapes) * len(costs) * len(backends)) if progress else None
+    for shape, kind in itertools.product(shapes, costs):
+        if kind == "uniform":  # as the first records drew them
+            g = torch.Generator().manual_seed(seed)
+            copies = [torch.rand(shape, generator=g).to(device) for _ in range(3)]
+        else:
+            copies = [detr_costs(*shape, kind=kind, seed=seed + k).to(device) for k in range(3)]
         for backend in backends:
             row = dict(kind="lsap", shape="x".join(map(str, shape)), batch=shape[0], objects=shape[2],
-                       device=str(device), backend=backend)
+                       costs=kind, device=str(device), backend=backend)
             runner = lsap_runner(backend)
             why = kernel_unavailable(device) if backend == "kernel" else None
             why = why or (runner if isinstance(runner, str) else None)
@@ -379,23 +388,25 @@ def lsap_run(shapes, device, backends, reps: int, seed: int = 0, progress: bool 
                 row.update(median_s=statistics.median(times), min_s=min(times), max_s=max(times), reps=reps)
             results.append(row)
             if bar:
-                bar.step(f"lsap {row['shape']} {backend}")
+                bar.step(f"lsap {row['shape']} {kind} {backend}")
     return results
 
 
 def lsap_table(results) -> str:
     """Backends side by side per shape, with the kernel's speed-up over each."""
-    lines = [f"{'shape':>14} {'backend':<8} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'kernel faster':>14}"]
-    for shape in dict.fromkeys(r["shape"] for r in results):
-        rows = [r for r in results if r["shape"] == shape]
+    lines = [f"{'shape':>14} {'costs':<9} {'backend':<8} {'median ms':>10} {'min ms':>9} {'max ms':>9} "
+             f"{'kernel faster':>14}"]
+    for case in dict.fromkeys((r["shape"], r.get("costs", "uniform")) for r in results):
+        rows = [r for r in results if (r["shape"], r.get("costs", "uniform")) == case]
         ours = next((r["median_s"] for r in rows if r["backend"] == "kernel" and "median_s" in r), None)
+        shape, kind = case
         for r in rows:
             if "median_s" not in r:
-                lines.append(f"{shape:>14} {r['backend']:<8} skipped: {r['skipped']}")
+                lines.append(f"{shape:>14} {kind:<9} {r['backend']:<8} skipped: {r['skipped']}")
                 continue
             speedup = f"{r['median_s'] / ours:.1f}x" if ours and r["backend"] != "kernel" else ""
-            lines.append(f"{shape:>14} {r['backend']:<8} {r['median_s'] * 1e3:10.3f} {r['min_s'] * 1e3:9.3f} "
-                         f"{r['max_s'] * 1e3:9.3f} {speedup:>14}")
+            lines.append(f"{shape:>14} {kind:<9} {r['backend']:<8} {r['median_s'] * 1e3:10.3f} "
+                         f"{r['min_s'] * 1e3:9.3f} {r['max_s'] * 1e3:9.3f} {speedup:>14}")
     return "\n".join(lines)
 
 

@@ -12,6 +12,9 @@ of the top-k are all exercised.
 
 ``seg_batch`` builds a segmentation scene (objects with masks, predicted mask coefficients and prototypes): the inputs
 of the segmentation assigner.
+
+``detr_costs`` builds the matching costs a DETR trainer hands its solver (queries against an image's objects): an
+untrained model's, nearly tied, or a partly trained one's, with confident and duplicated queries.
 """
 
 from __future__ import annotations
@@ -447,3 +450,85 @@ def write_yolo_dataset(folder, images: int = 8, img_size: int = 64, num_classes:
     with open(yaml, "w") as f:
         f.write(f"path: {folder}\ntrain: images/train\nval: {val}\nnames:\n{names}\n")
     return yaml
+
+
+DETR_COSTS = ("uniform", "untrained", "trained")
+
+
+def _xyxy(cxcywh: torch.Tensor) -> torch.Tensor:
+    c, half = cxcywh[..., :2], cxcywh[..., 2:] / 2
+    return torch.cat([c - half, c + half], -1)
+
+
+def _giou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The generalised IoU of every box of a (..., Q, 4) against every box of b (..., N, 4), corners."""
+    a, b = a[..., :, None, :], b[..., None, :, :]
+    area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
+    area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
+    inter = ((torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0])).clamp(min=0)
+             * (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1])).clamp(min=0))
+    union = area_a + area_b - inter
+    hull = ((torch.maximum(a[..., 2], b[..., 2]) - torch.minimum(a[..., 0], b[..., 0]))
+            * (torch.maximum(a[..., 3], b[..., 3]) - torch.minimum(a[..., 1], b[..., 1])))
+    return inter / union - (hull - union) / hull
+
+
+def detr_costs(batch: int = 16, queries: int = 300, objects: int = 10, kind: str = "untrained", seed: int = 0,
+               num_classes: int = 80, gains=(2.0, 5.0, 2.0), duplicated: float = 0.2) -> torch.Tensor:
+    """The (batch, queries, objects) float32 costs a DETR trainer's matcher gives its solver, one problem per image:
+    RT-DETR's cost (focal class term at alpha 0.25, gamma 2; L1 of normalised cxcywh boxes; minus the GIoU; weighted
+    by ``gains``) of synthetic predictions against synthetic objects (centres uniform, sides log-uniform from 2% to
+    40% of the image, classes uniform).
+
+    kind "uniform": uniform random costs in [0, 1) (the solver's easy case, for comparison). "untrained": every query
+    predicts about the same box (the image's centre, sides 10%, jittered by 2%) with scores near the class prior
+    (0.01): per object, the queries' costs differ in their last digits (near ties, a long search). "trained": a model
+    part way: each object has one to three confident queries (its box within a few percent, its class's logit +2 to
+    +5), a ``duplicated`` share of the queries repeats another query's prediction exactly (tied rows), and the rest
+    predict scattered boxes with scores around the prior."""
+    if kind not in DETR_COSTS:
+        raise ValueError(f"kind: {kind!r} is not one of {', '.join(DETR_COSTS)}")
+    if min(batch, queries, objects) < 0 or not 0 <= duplicated <= 1:
+        raise ValueError(f"batch, queries, objects must be >= 0 and duplicated in [0, 1]: got {batch}, {queries}, "
+                         f"{objects}, {duplicated}")
+    g = torch.Generator().manual_seed(seed)
+    shape = (batch, queries, objects)
+    if kind == "uniform":
+        return torch.rand(shape, generator=g)
+    sides = torch.exp(torch.empty(batch, objects, 2).uniform_(math.log(0.02), math.log(0.4), generator=g))
+    centres = 0.05 + 0.9 * torch.rand(batch, objects, 2, generator=g)
+    truth = torch.cat([centres, sides], -1)
+    classes = torch.randint(0, num_classes, (batch, objects), generator=g)
+    prior = -math.log(99.0)  # sigmoid(prior) = 0.01
+    if kind == "untrained":
+        boxes = torch.tensor([0.5, 0.5, 0.1, 0.1]) + 0.02 * torch.randn(batch, queries, 4, generator=g)
+        logits = prior + 0.05 * torch.randn(batch, queries, num_classes, generator=g)
+    else:
+        boxes = torch.cat([0.05 + 0.9 * torch.rand(batch, queries, 2, generator=g),
+                           torch.exp(torch.empty(batch, queries, 2).uniform_(math.log(0.02), math.log(0.4),
+                                                                             generator=g))], -1)
+        logits = prior + 0.5 * torch.randn(batch, queries, num_classes, generator=g)
+        for b in range(batch):
+            order = torch.randperm(queries, generator=g).tolist()
+            taken = 0
+            for n in range(objects):
+                for _ in range(int(torch.randint(1, 4, (), generator=g))):
+                    if taken == queries:
+                        break
+                    q = order[taken]
+                    taken += 1
+                    boxes[b, q] = truth[b, n] * (1 + 0.03 * torch.randn(4, generator=g))
+                    logits[b, q, classes[b, n]] += 2 + 3 * float(torch.rand((), generator=g))
+            copies = int(duplicated * queries)
+            if queries and copies:
+                src = torch.randint(0, queries, (copies,), generator=g)
+                dst = torch.randint(0, queries, (copies,), generator=g)
+                boxes[b, dst], logits[b, dst] = boxes[b, src].clone(), logits[b, src].clone()
+    boxes[..., 2:] = boxes[..., 2:].clamp(min=1e-3)
+    p = logits.sigmoid().gather(2, classes[:, None, :].expand(batch, queries, objects))
+    alpha, gamma = 0.25, 2.0
+    cls = (alpha * (1 - p) ** gamma * -(p + 1e-8).log()) - ((1 - alpha) * p ** gamma * -(1 - p + 1e-8).log())
+    l1 = torch.cdist(boxes, truth, p=1)
+    giou = _giou(_xyxy(boxes), _xyxy(truth))
+    return (gains[0] * cls + gains[1] * l1 - gains[2] * giou).float()
+

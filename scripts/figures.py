@@ -39,6 +39,8 @@ def _command(args: dict) -> str:
         words.append(f"--preset {args['preset']}")
     elif args["kind"] == "lsap":
         words += ["--kind lsap", "--shapes " + " ".join("x".join(str(n) for n in shape) for shape in args["shapes"])]
+        if args.get("costs", ["uniform"]) != ["uniform"]:
+            words.append("--costs " + " ".join(args["costs"]))
     else:
         words.append(f"--kind {args['kind']}")
         words.append("--objects " + " ".join(str(n) for n in args["objects"]))
@@ -255,21 +257,25 @@ def _step_rows(rec: dict) -> list:
     return rows
 
 
+_LSAP_COSTS = {"uniform": "random", "untrained": "an untrained DETR's", "trained": "a partly trained DETR's"}
+
+
 def _lsap_rows(rec: dict) -> list:
     """The linear sum assignment: the kernel against the peer matcher's path (the cost to the host, SciPy per
     image), with torch-linear-assignment's time in the case."""
     rows = []
     by = {}
     for r in rec["results"]:
-        by.setdefault(r["shape"], {})[r["backend"]] = r
-    for shape, pair in by.items():
+        by.setdefault((r["shape"], r.get("costs", "uniform")), {})[r["backend"]] = r
+    for (shape, kind), pair in by.items():
         k, p, t = pair.get("kernel"), pair.get("scipy"), pair.get("tla")
         if k is None or p is None or "median_s" not in k or "median_s" not in p:
             continue
         b, rows_, cols = shape.split("x")
         tla = (f"; torch-linear-assignment {_ms(t['median_s'])}, {t['median_s'] / k['median_s']:,.1f}x the kernel's"
                if t and "median_s" in t else "")
-        rows.append(f"| Hungarian matching, {b} problems of {rows_} x {cols} random float32 costs (peer: to the host, "
+        rows.append(f"| Hungarian matching, {b} problems of {rows_} x {cols} {_LSAP_COSTS[kind]} float32 costs (peer: "
+                    "to the host, "
                     f"SciPy per problem{tla}) | {_ms(k['median_s'])} | {_ms(p['median_s'])} | "
                     f"{p['median_s'] / k['median_s']:,.0f}x | - |")
     return rows

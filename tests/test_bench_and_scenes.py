@@ -145,6 +145,53 @@ def test_lsap_steps_counts_the_searches(capsys):
     assert "7 matcher calls" in out and "call 7:" in out
 
 
+def test_detr_costs_are_seeded_and_look_like_a_trainers():
+    """synthetic.detr_costs: one seed, one batch; an untrained model's costs differ little from query to query (near
+    ties: a long search, as an untrained RT-DETR's, bench/lsap_steps.py), a partly trained one's have confident
+    queries (each object's best cost far below its median) and duplicated rows; bad arguments are named."""
+    from lucid_assign.synthetic import detr_costs
+
+    _, lsap_steps = _bench_script("lsap_steps")
+    costs = {k: detr_costs(2, 300, 50, k, seed=3) for k in ("uniform", "untrained", "trained")}
+    for kind, cost in costs.items():
+        assert cost.shape == (2, 300, 50) and cost.dtype == torch.float32 and torch.isfinite(cost).all()
+        assert torch.equal(cost, detr_costs(2, 300, 50, kind, seed=3))
+        assert not torch.equal(cost, detr_costs(2, 300, 50, kind, seed=4))
+
+    def spread(c):  # each object's spread over the queries, against its mean
+        return float((c.std(1) / c.mean(1).abs()).median())
+
+    untrained, trained = costs["untrained"], costs["trained"]
+    assert spread(untrained) < spread(trained)
+    steps = {k: lsap_steps.steps(c[0].double()) for k, c in costs.items()}
+    assert steps["untrained"] > steps["uniform"] and steps["untrained"] > steps["trained"], steps
+    gap = trained.median(1).values - trained.min(1).values
+    assert bool((gap > untrained.median(1).values - untrained.min(1).values).float().mean() > 0.9)
+    for b in range(2):
+        same = (trained[b][:, None, :] == trained[b][None, :, :]).all(-1)
+        assert int(same.sum()) > 300  # rows equal to another row
+    assert detr_costs(1, 300, 0, "untrained").shape == (1, 300, 0) and detr_costs(1, 0, 4, "trained").shape == (1, 0, 4)
+    for bad, words in [(dict(kind="tired"), "kind: 'tired'"), (dict(objects=-1), "must be >= 0")]:
+        with pytest.raises(ValueError, match=words):
+            detr_costs(**bad)
+
+
+def test_the_lsap_bench_times_each_kind_of_costs_and_the_readme_names_it(tmp_path, capsys, library):
+    """lucid-assign bench --kind lsap --costs: a row per shape, kind of costs and backend; scripts/figures.py's row
+    names the kind and its command carries --costs."""
+    out = tmp_path / "lsap.json"
+    assert cli.main(["bench", "--kind", "lsap", "--shapes", "2x20x5", "--costs", "uniform", "untrained", "--device",
+                     "cpu", "--reps", "1", "--backends", "kernel,scipy", "--no-progress", "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert [(r["costs"], r["backend"]) for r in rec["results"]] == [("uniform", "kernel"), ("uniform", "scipy"),
+                                                                    ("untrained", "kernel"), ("untrained", "scipy")]
+    figures = _figures()
+    rows = figures._lsap_rows(rec)
+    assert len(rows) == 2 and "2 problems of 20 x 5 an untrained DETR's float32 costs" in rows[1]
+    assert "--costs uniform untrained" in figures._command(rec["args"])
+    assert "untrained" in capsys.readouterr().out
+
+
 def test_fit_recipes_object_counts():
     _, fit_time = _bench_script("fit_time")
     counts = fit_time.object_counts(fit_time.RECIPES["dota-obb"].counts, 2001)

@@ -116,6 +116,32 @@ def test_detr_sized_problems_equal_scipy(backend, shape):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ("untrained", "trained"))
+def test_trainer_like_costs_equal_scipy(backend, kind):
+    """The costs of a DETR trainer (synthetic.detr_costs: an untrained model's near ties, a partly trained one's
+    confident and duplicated queries), as the benchmark draws them, at DETR's sizes."""
+    from lucid_assign.synthetic import detr_costs
+
+    for shape in [(3, 300, 10), (2, 300, 50), (1, 300, 200), (2, 40, 60)]:
+        if backend[0] == "reference" and shape[2] >= 200:
+            continue  # seconds here; the kernels are checked against SciPy
+        cost = detr_costs(*shape, kind=kind, seed=sum(shape))
+        rows, cols, info = (lsap.linear_sum_assignment(cost) if backend[0] == "reference" else
+                            _op(backend)(cost.to(backend[1])))
+        assert not info.any()
+        for b in range(shape[0]):
+            r, c = scipy_pairs(cost[b])
+            k = len(r)
+            assert rows[b, :k].tolist() == r and cols[b, :k].tolist() == c, (kind, shape, b)
+            assert (rows[b, k:] == -1).all()
+
+
+def _op(backend):
+    pytest.importorskip("lucid_assign._C", reason="compiled library not built")
+    return lucid_assign.ops.linear_sum_assignment
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn))
 def test_other_dtypes_are_widened_exactly(backend, dtype):
     """float16 and bfloat16 costs are matched as SciPy matches their exact float64 values; float64 as it is; float8
