@@ -92,6 +92,11 @@ TORCH_LIBRARY(lucid, m) {
       "detr_cost.family(Tensor scores, Tensor boxes, Tensor labels, Tensor objects, Tensor sizes, int width, "
       "int groups, float[] gains, int class_term, float alpha, float gamma, int l1_order, int[] dtypes, "
       "bool sanitize, float top, Tensor? class_cost=None) -> (Tensor, Tensor)");
+  // Their class terms (L, B, Q, W) on the CPU, with the families' own ATen operations on each layer's (B * Q, C) logits
+  // (ATen's vectorised CPU math rounds an element by its place in the tensor): kind 0 softmax, 1 focal, 2 focal of the
+  // object's probability; labels (B, W) the objects' classes per image, padded. Passed to detr_cost.family as
+  // class_cost.
+  m.def("detr_cost.class_terms(Tensor logits, Tensor labels, int kind, float alpha, float gamma) -> Tensor");
 
   // A trainer's matches from linear_sum_assignment's (layers * P, K) rows and cols: (queries, objects), each
   // (layers * M,) int64, queries the rows of each layer at `pairs` (M places of its P * K, image after image) plus
@@ -108,7 +113,7 @@ TORCH_LIBRARY(lucid, m) {
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op :
        {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose",
-        "assign_seg", "linear_sum_assignment", "detr_cost", "detr_cost.family"}) {
+        "assign_seg", "linear_sum_assignment", "detr_cost", "detr_cost.family", "detr_cost.class_terms"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

@@ -276,6 +276,49 @@ def detr_family_cost(scores: torch.Tensor, boxes: torch.Tensor, labels: torch.Te
                                             float(torch.finfo(torch.float32).max), class_cost)
 
 
+FAMILY_CLASS_TERMS = ("softmax", "focal", "focal-gathered")  # detr_cost.class_terms' kinds, in its order
+
+
+def focal_terms(p: torch.Tensor, alpha: float, gamma: float) -> tuple:
+    """The focal cost's (positive, negative) terms of probabilities p: the DETR families' operations, in their
+    order."""
+    neg = (1 - alpha) * (p**gamma) * (-(1 - p + 1e-8).log())
+    pos = alpha * ((1 - p) ** gamma) * (-(p + 1e-8).log())
+    return pos, neg
+
+
+def family_class_terms_reference(logits: torch.Tensor, labels: torch.Tensor, class_term: str, alpha: float = 0.25,
+                                 gamma: float = 2.0) -> torch.Tensor:
+    """The class term of transformers' DETR families for each (layer, image, query, object of the image), (L, B, Q,
+    W), with the families' own operations: each layer's probabilities on its own (B * Q, C) tensor. ``class_term``
+    one of FAMILY_CLASS_TERMS: minus the softmax probability of the object's class; the focal terms of every class,
+    then the object's taken; or the object's probability taken, then its focal terms."""
+    layers, bs, nq, nc = logits.shape
+    index = labels[:, None, :].expand(bs, nq, labels.shape[1])
+    terms = []
+    for k in range(layers):
+        flat = logits[k].flatten(0, 1)
+        if class_term == "softmax":
+            terms.append(-flat.softmax(-1).view(bs, nq, nc).gather(2, index))
+        elif class_term == "focal":
+            pos, neg = focal_terms(flat.sigmoid(), alpha, gamma)
+            terms.append(pos.view(bs, nq, nc).gather(2, index) - neg.view(bs, nq, nc).gather(2, index))
+        else:
+            pos, neg = focal_terms(torch.sigmoid(flat).view(bs, nq, nc).gather(2, index), alpha, gamma)
+            terms.append(pos - neg)
+    return torch.stack(terms)
+
+
+def family_class_terms(logits: torch.Tensor, labels: torch.Tensor, class_term: str, alpha: float = 0.25,
+                       gamma: float = 2.0) -> torch.Tensor:
+    """``torch.ops.lucid.detr_cost.class_terms`` (CPU): family_class_terms_reference's result, bit for bit (the same
+    ATen operations on the same tensors), every layer in one call from Python. logits (L, B, Q, C) floating point,
+    labels (B, W) int64 (the objects' classes per image, padded)."""
+    _require("detr_cost")
+    return torch.ops.lucid.detr_cost.class_terms(logits, labels, FAMILY_CLASS_TERMS.index(class_term), float(alpha),
+                                                 float(gamma))
+
+
 def _opt_float(x) -> float | None:
     return None if x is None else float(x)
 
@@ -364,6 +407,17 @@ if _library.loaded():
                            lambda: f"groups must be >= 1 and divide the queries ({queries}), got {groups}")
         return (scores.new_empty((layers * bs * groups, queries // groups, width), dtype=torch.float32),
                 scores.new_empty((1,), dtype=torch.int32))
+
+    @torch.library.register_fake("lucid::detr_cost.class_terms")
+    def _detr_class_terms_fake(logits, labels, kind, alpha, gamma):
+        _one_device(logits, labels)
+        torch._check_value(logits.dim() == 4 and logits.shape[0] >= 1,
+                           lambda: f"logits must be (L, B, Q, C) with L >= 1, got {tuple(logits.shape)}")
+        torch._check_value(labels.dim() == 2 and labels.shape[0] == logits.shape[1],
+                           lambda: f"labels must be (B, W) with B = {logits.shape[1]}, got {tuple(labels.shape)}")
+        torch._check_value(0 <= kind <= 2, lambda: f"kind must be 0, 1 or 2, got {kind}")
+        # the families' operations on fake tensors: their shape and dtype in the call's autocast region
+        return family_class_terms_reference(logits, labels, FAMILY_CLASS_TERMS[kind], alpha, gamma)
 
     @torch.library.register_fake("lucid::matches")
     def _matches_fake(rows, cols, pairs, query_offset, object_offset, layers):

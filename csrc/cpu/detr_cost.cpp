@@ -1,5 +1,5 @@
 // torch.ops.lucid.detr_cost on the CPU (docs/spec.md, "DETR matching cost"): detr_cost.h's column cost for every
-// (image, query, column), the images' rows as parallel tasks; and its family overload (below).
+// (image, query, column), the images' rows as parallel tasks; and its family and class_terms overloads (below).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -7,6 +7,7 @@
 #include <atomic>
 #include <limits>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
@@ -108,11 +109,57 @@ std::tuple<at::Tensor, at::Tensor> detr_family_cost_cpu(
   return {out, invalid};
 }
 
+// The focal terms (positive, negative) of probabilities p, as the families' Python computes them: each operation
+// ATen's own, in their order, with Python's scalars (1 - alpha, 1e-8).
+std::pair<at::Tensor, at::Tensor> focal_terms(const at::Tensor& p, double alpha, double gamma) {
+  auto neg = at::mul(at::mul(at::pow(p, gamma), 1.0 - alpha), at::neg(at::log(at::add(at::rsub(p, 1), 1e-8))));
+  auto pos = at::mul(at::mul(at::pow(at::rsub(p, 1), gamma), alpha), at::neg(at::log(at::add(p, 1e-8))));
+  return {pos, neg};
+}
+
+// torch.ops.lucid.detr_cost.class_terms (CPU): the class terms of transformers' DETR families (docs/spec.md, "DETR
+// family cost"), every layer's (B, Q, W) with the family's own ATen operations on that layer's own (B * Q, C) tensor,
+// so that each element is rounded where the family's vectorised CPU kernels round it: kind 0 minus the softmax
+// probability of the object's class; 1 the focal terms of every class, then the object's taken; 2 the object's
+// probability taken, then its focal terms. One call from Python for every layer.
+at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labels, int64_t kind, double alpha,
+                                double gamma) {
+  TORCH_CHECK_VALUE(logits.dim() == 4 && logits.size(0) >= 1, "logits must be (L, B, Q, C) with L >= 1, got ",
+                    logits.sizes());
+  TORCH_CHECK_VALUE(labels.dim() == 2 && labels.size(0) == logits.size(1), "labels must be (B, W) with B = ",
+                    logits.size(1), " (logits' images), got ", labels.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(logits.scalar_type()), "logits must be floating point, got ",
+                   logits.scalar_type());
+  TORCH_CHECK_TYPE(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
+  TORCH_CHECK_VALUE(kind >= 0 && kind <= 2, "kind must be 0 (softmax), 1 (focal) or 2 (focal of the object's "
+                    "probability), got ", kind);
+  TORCH_CHECK_VALUE(labels.device() == logits.device(), "logits and labels must be on one device, got ",
+                    logits.device(), " and ", labels.device());
+  const int64_t layers = logits.size(0), bs = logits.size(1), nq = logits.size(2), nc = logits.size(3);
+  const auto index = labels.unsqueeze(1).expand({bs, nq, labels.size(1)});
+  std::vector<at::Tensor> terms;
+  terms.reserve(layers);
+  for (int64_t k = 0; k < layers; ++k) {
+    const auto flat = logits.select(0, k).flatten(0, 1);
+    if (kind == 0) {
+      terms.push_back(at::neg(flat.softmax(-1).view({bs, nq, nc}).gather(2, index)));
+    } else if (kind == 1) {
+      const auto [pos, neg] = focal_terms(flat.sigmoid(), alpha, gamma);
+      terms.push_back(at::sub(pos.view({bs, nq, nc}).gather(2, index), neg.view({bs, nq, nc}).gather(2, index)));
+    } else {
+      const auto [pos, neg] = focal_terms(at::sigmoid(flat).view({bs, nq, nc}).gather(2, index), alpha, gamma);
+      terms.push_back(at::sub(pos, neg));
+    }
+  }
+  return at::stack(terms);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(lucid, CPU, m) {
   m.impl("detr_cost", &detr_cost_cpu);
   m.impl("detr_cost.family", &detr_family_cost_cpu);
+  m.impl("detr_cost.class_terms", &detr_class_terms_cpu);
 }
 
 }  // namespace cpu

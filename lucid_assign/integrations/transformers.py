@@ -166,11 +166,7 @@ def _minus_giou(c1: torch.Tensor, c2: torch.Tensor) -> torch.Tensor:
     return -(iou - (area - union) / area)
 
 
-def _focal(p: torch.Tensor, alpha: float, gamma: float) -> tuple:
-    """The focal cost's (positive, negative) terms of probabilities p, the families' operations."""
-    neg = (1 - alpha) * (p**gamma) * (-(1 - p + 1e-8).log())
-    pos = alpha * ((1 - p) ** gamma) * (-(p + 1e-8).log())
-    return pos, neg
+_focal = ops.focal_terms  # the focal cost's (positive, negative) terms, the families' operations
 
 
 def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool):
@@ -198,7 +194,8 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
 # family's operations give in the call's autocast region (read once per kind of call from those operations on one
 # element, _dtype_plan); on CUDA also its class term, whose elementwise math is CUDA's there too. On the CPU, ATen's
 # vectorised sigmoid rounds an element by where it falls in its tensor, so the class term stays the family's own
-# (_class_terms) and the op takes it. The first call of each kind still compares the result with the family's cost
+# operations on its own tensors (torch.ops.lucid.detr_cost.class_terms runs them, every layer in one call) and the op
+# takes it. The first call of each kind still compares the result with the family's cost
 # entry by entry (_verify_blocks). FAMILY_COST_DEVICES: the devices whose calls use the op (those a run has checked).
 FAMILY_COST_DEVICES = ("cpu", "cuda")
 _plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None (not in the op's dtypes)
@@ -243,20 +240,7 @@ def _dtype_plan(m, fam: _Family, kind: tuple, logits, boxes, objects) -> dict | 
 def _class_terms(fam: _Family, logits, labels):
     """The family's class term of each (layer, image, query, object of the image), (L, B, Q, W), with its own
     operations: the probabilities on each layer's own (B * Q, C) tensor."""
-    layers, bs, nq, nc = logits.shape
-    index = labels[:, None, :].expand(bs, nq, labels.shape[1])
-    terms = []
-    for k in range(layers):
-        flat = logits[k].flatten(0, 1)
-        if fam.class_term == "softmax":
-            terms.append(-flat.softmax(-1).view(bs, nq, nc).gather(2, index))
-        elif fam.class_term == "focal":
-            pos, neg = _focal(flat.sigmoid(), fam.alpha, fam.gamma)
-            terms.append(pos.view(bs, nq, nc).gather(2, index) - neg.view(bs, nq, nc).gather(2, index))
-        else:
-            pos, neg = _focal(torch.sigmoid(flat).view(bs, nq, nc).gather(2, index), fam.alpha, fam.gamma)
-            terms.append(pos - neg)
-    return torch.stack(terms)
+    return ops.family_class_terms_reference(logits, labels, fam.class_term, fam.alpha, fam.gamma)
 
 
 def _op_problems(m, fam: _Family, plan: dict, stacks: list, labels, objects, where: core.Layout, sanitize: bool):
@@ -264,8 +248,9 @@ def _op_problems(m, fam: _Family, plan: dict, stacks: list, labels, objects, whe
     logits, boxes = stacks
     device = logits.device.type
     class_cost = None
-    if device == "cpu":
-        class_cost = _class_terms(fam, logits, core.pad_objects(labels, where))
+    if device == "cpu":  # the family's operations, every layer in one call (the same operations in C++)
+        class_cost = ops.family_class_terms(logits, core.pad_objects(labels, where), fam.class_term, fam.alpha,
+                                            fam.gamma)
         scores = logits
     elif fam.class_term == "softmax":
         scores = logits.softmax(-1)  # one launch for every layer: a row's softmax is the same in any number of rows
