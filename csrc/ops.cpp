@@ -92,11 +92,13 @@ TORCH_LIBRARY(lucid, m) {
       "detr_cost.family(Tensor scores, Tensor boxes, Tensor labels, Tensor objects, Tensor sizes, int width, "
       "int groups, float[] gains, int class_term, float alpha, float gamma, int l1_order, int[] dtypes, "
       "bool sanitize, float top, Tensor? class_cost=None) -> (Tensor, Tensor)");
-  // Their class terms (L, B, Q, W) on the CPU, with the families' own ATen operations on each layer's (B * Q, C) logits
-  // (ATen's vectorised CPU math rounds an element by its place in the tensor): kind 0 softmax, 1 focal, 2 focal of the
-  // object's probability; labels (B, W) the objects' classes per image, padded. Passed to detr_cost.family as
-  // class_cost.
-  m.def("detr_cost.class_terms(Tensor logits, Tensor labels, int kind, float alpha, float gamma) -> Tensor");
+  // Their class terms (L, B, Q, width) on the CPU, with the families' own ATen operations on each layer's (B * Q, C)
+  // logits (ATen's vectorised CPU math rounds an element by its place in the tensor): kind 0 softmax, 1 focal, 2 focal
+  // of the object's probability; labels (N,) the batch's objects' classes image after image, sizes (B,) their counts
+  // (class 0 past them). Passed to detr_cost.family as class_cost.
+  m.def(
+      "detr_cost.class_terms(Tensor logits, Tensor labels, Tensor sizes, int width, int kind, float alpha, "
+      "float gamma) -> Tensor");
 
   // A trainer's matches from linear_sum_assignment's (layers * P, K) rows and cols: (queries, objects), each
   // (layers * M,) int64, queries the rows of each layer at `pairs` (M places of its P * K, image after image) plus
@@ -105,6 +107,11 @@ TORCH_LIBRARY(lucid, m) {
   m.def(
       "matches(Tensor rows, Tensor cols, Tensor pairs, Tensor? query_offset, Tensor? object_offset, int layers) "
       "-> (Tensor, Tensor)");
+  // The same matches cut per image and layer: [queries, objects] of each piece of `split` (counts of matches, adding
+  // up to layers * M), one after the other; the pieces are views of the two outputs above.
+  m.def(
+      "matches.split(Tensor rows, Tensor cols, Tensor pairs, Tensor? query_offset, Tensor? object_offset, int layers, "
+      "int[] split) -> Tensor[]");
 }
 
 // The assignment and the matching produce targets, not something to differentiate: the outputs are constants. A
@@ -145,9 +152,33 @@ std::tuple<at::Tensor, at::Tensor> matches(const at::Tensor& rows, const at::Ten
   return {take(rows, query_offset), take(cols, object_offset)};
 }
 
+std::vector<at::Tensor> matches_split(const at::Tensor& rows, const at::Tensor& cols, const at::Tensor& pairs,
+                                      const c10::optional<at::Tensor>& query_offset,
+                                      const c10::optional<at::Tensor>& object_offset, int64_t layers,
+                                      c10::IntArrayRef split) {
+  const auto [queries, objects] = matches(rows, cols, pairs, query_offset, object_offset, layers);
+  int64_t total = 0;
+  for (const int64_t n : split) {
+    TORCH_CHECK_VALUE(n >= 0, "split must hold counts >= 0, got ", split);
+    total += n;
+  }
+  TORCH_CHECK_VALUE(total == queries.numel(), "split must add up to the ", queries.numel(), " matches, got ", total);
+  const auto q = queries.split_with_sizes(split), o = objects.split_with_sizes(split);
+  std::vector<at::Tensor> out;
+  out.reserve(2 * q.size());
+  for (size_t i = 0; i < q.size(); ++i) {
+    out.push_back(q[i]);
+    out.push_back(o[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CompositeExplicitAutograd, m) { m.impl("matches", &matches); }
+TORCH_LIBRARY_IMPL(lucid, CompositeExplicitAutograd, m) {
+  m.impl("matches", &matches);
+  m.impl("matches.split", &matches_split);
+}
 
 // The fused ops take their autocast region as the argument autocast_dtype (amp.h). Their autocast kernel, one boxed
 // function for the three ops and both devices, fills it from the region it is called in when the caller left it None

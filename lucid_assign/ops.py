@@ -309,14 +309,15 @@ def family_class_terms_reference(logits: torch.Tensor, labels: torch.Tensor, cla
     return torch.stack(terms)
 
 
-def family_class_terms(logits: torch.Tensor, labels: torch.Tensor, class_term: str, alpha: float = 0.25,
-                       gamma: float = 2.0) -> torch.Tensor:
-    """``torch.ops.lucid.detr_cost.class_terms`` (CPU): family_class_terms_reference's result, bit for bit (the same
-    ATen operations on the same tensors), every layer in one call from Python. logits (L, B, Q, C) floating point,
-    labels (B, W) int64 (the objects' classes per image, padded)."""
+def family_class_terms(logits: torch.Tensor, labels: torch.Tensor, sizes: torch.Tensor, width: int, class_term: str,
+                       alpha: float = 0.25, gamma: float = 2.0) -> torch.Tensor:
+    """``torch.ops.lucid.detr_cost.class_terms`` (CPU): family_class_terms_reference's result (the same ATen operations
+    on the same tensors, bit for bit), every layer in one call from Python. logits (L, B, Q, C) floating point; labels
+    (N,) int64, the batch's objects' classes image after image; sizes (B,) int64 their counts, at most ``width``, the
+    result's columns (class 0 past an image's objects)."""
     _require("detr_cost")
-    return torch.ops.lucid.detr_cost.class_terms(logits, labels, FAMILY_CLASS_TERMS.index(class_term), float(alpha),
-                                                 float(gamma))
+    return torch.ops.lucid.detr_cost.class_terms(logits, labels, sizes, int(width),
+                                                 FAMILY_CLASS_TERMS.index(class_term), float(alpha), float(gamma))
 
 
 def _opt_float(x) -> float | None:
@@ -409,15 +410,17 @@ if _library.loaded():
                 scores.new_empty((1,), dtype=torch.int32))
 
     @torch.library.register_fake("lucid::detr_cost.class_terms")
-    def _detr_class_terms_fake(logits, labels, kind, alpha, gamma):
-        _one_device(logits, labels)
+    def _detr_class_terms_fake(logits, labels, sizes, width, kind, alpha, gamma):
+        _one_device(logits, labels, sizes)
         torch._check_value(logits.dim() == 4 and logits.shape[0] >= 1,
                            lambda: f"logits must be (L, B, Q, C) with L >= 1, got {tuple(logits.shape)}")
-        torch._check_value(labels.dim() == 2 and labels.shape[0] == logits.shape[1],
-                           lambda: f"labels must be (B, W) with B = {logits.shape[1]}, got {tuple(labels.shape)}")
+        torch._check_value(labels.dim() == 1, lambda: f"labels must be (N,), got {tuple(labels.shape)}")
+        torch._check_value(sizes.dim() == 1 and sizes.shape[0] == logits.shape[1],
+                           lambda: f"sizes must be (B,) with B = {logits.shape[1]}, got {tuple(sizes.shape)}")
         torch._check_value(0 <= kind <= 2, lambda: f"kind must be 0, 1 or 2, got {kind}")
         # the families' operations on fake tensors: their shape and dtype in the call's autocast region
-        return family_class_terms_reference(logits, labels, FAMILY_CLASS_TERMS[kind], alpha, gamma)
+        padded = labels.new_zeros((logits.shape[1], width))
+        return family_class_terms_reference(logits, padded, FAMILY_CLASS_TERMS[kind], alpha, gamma)
 
     @torch.library.register_fake("lucid::matches")
     def _matches_fake(rows, cols, pairs, query_offset, object_offset, layers):
@@ -426,6 +429,13 @@ if _library.loaded():
                            lambda: f"rows and cols must have one shape, got {tuple(rows.shape)}, {tuple(cols.shape)}")
         total = layers * pairs.shape[0]
         return rows.new_empty(total), cols.new_empty(total)
+
+    @torch.library.register_fake("lucid::matches.split")
+    def _matches_split_fake(rows, cols, pairs, query_offset, object_offset, layers, split):
+        queries, objects = _matches_fake(rows, cols, pairs, query_offset, object_offset, layers)
+        torch._check_value(sum(split) == queries.shape[0],
+                           lambda: f"split must add up to the {queries.shape[0]} matches, got {sum(split)}")
+        return [t for pair in zip(queries.split(split), objects.split(split)) for t in pair]
 
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,

@@ -56,9 +56,11 @@ def _theirs(m, fam, logits, boxes, labels, objects, where, sanitize=True):
 
 def _ours(m, fam, logits, boxes, labels, objects, where, plan, sanitize=True, class_term=True):
     class_cost = None
-    if class_term:  # as the integration gives it on the CPU: the families' operations in one op call
-        class_cost = (ops.family_class_terms if logits.device.type == "cpu" else ops.family_class_terms_reference)(
-            logits, core.pad_objects(labels, where), fam.class_term, fam.alpha, fam.gamma)
+    if class_term and logits.device.type == "cpu":  # as the integration gives it: the families' operations, one call
+        class_cost = ops.family_class_terms(logits, labels, where.image_sizes, where.width, fam.class_term, fam.alpha,
+                                            fam.gamma)
+    elif class_term:
+        class_cost = lt._class_terms(fam, logits, core.pad_objects(labels, where))
     scores = logits.softmax(-1) if fam.class_term == "softmax" and not class_term else logits
     return ops.detr_family_cost(scores, boxes, labels, objects, where.image_sizes, where.width, where.groups,
                                 (m.class_cost, m.bbox_cost, m.giou_cost), focal=fam.class_term != "softmax",
@@ -112,33 +114,42 @@ def test_the_op_is_the_family_cost_on_the_cpu(library, family, region, groups):
 @pytest.mark.parametrize("kind", ops.FAMILY_CLASS_TERMS)
 def test_the_class_terms_op_is_the_families_operations_on_the_cpu(library, kind, region):
     """torch.ops.lucid.detr_cost.class_terms: every layer's class terms in one call, bit for bit the families' own
-    operations (ops.family_class_terms_reference) on the CPU, whose vectorised math rounds an element by its place:
-    widths that are no multiple of a vector, a stack's strided layers, bf16 logits and autocast regions, gammas with
-    and without a special-cased power."""
+    operations (ops.family_class_terms_reference, on the objects' classes padded per image with class 0) on the CPU,
+    whose vectorised math rounds an element by its place: widths that are no multiple of a vector, a stack's strided
+    layers, bf16 logits and autocast regions, gammas with and without a special-cased power, images without
+    objects."""
     dtype, autocast = {"float32": (torch.float32, None), "bf16 logits": (torch.bfloat16, None),
                        "bf16 autocast": (torch.float32, torch.bfloat16),
                        "fp16 autocast": (torch.float32, torch.float16)}[region]
     g = torch.Generator().manual_seed(ops.FAMILY_CLASS_TERMS.index(kind))
-    for layers, bs, nq, nc, width, gamma in [(1, 1, 5, 7, 3, 2.0), (3, 2, 37, 91, 6, 2.0), (2, 3, 300, 80, 11, 1.5),
-                                             (6, 2, 17, 2, 1, 2.0)]:
+    for layers, counts, nq, nc, width, gamma in [(1, [3], 5, 7, 3, 2.0), (3, [6, 0], 37, 91, 6, 2.0),
+                                                 (2, [4, 11, 1], 300, 80, 11, 1.5), (6, [1, 1], 17, 2, 1, 2.0)]:
+        bs = len(counts)
         stack = (torch.randn(bs, layers, nq, nc, generator=g) * 4).to(dtype)
         logits = stack.transpose(0, 1)  # (L, B, Q, C) of a (B, L, Q, C) stack, as RT-DETR's
-        labels = torch.randint(0, nc, (bs, width), generator=g)
+        labels = torch.randint(0, nc, (sum(counts),), generator=g)
+        padded = torch.zeros(bs, width, dtype=torch.long)
+        for b, part in enumerate(labels.split(counts)):
+            padded[b, : len(part)] = part
+        sizes = torch.tensor(counts)
         with _region("cpu", autocast):
-            theirs = ops.family_class_terms_reference(logits, labels, kind, 0.25, gamma)
-            ours = ops.family_class_terms(logits, labels, kind, 0.25, gamma)
+            theirs = ops.family_class_terms_reference(logits, padded, kind, 0.25, gamma)
+            ours = ops.family_class_terms(logits, labels, sizes, width, kind, 0.25, gamma)
         assert ours.dtype == theirs.dtype and ours.shape == (layers, bs, nq, width)
-        assert torch.equal(ours.view(torch.int16 if ours.dtype != torch.float32 else torch.int32),
-                           theirs.view(torch.int16 if theirs.dtype != torch.float32 else torch.int32)), (kind, region)
-    with pytest.raises(ValueError, match="labels must be .B, W. with B = 2"):
-        ops.family_class_terms(torch.zeros(1, 2, 3, 4), torch.zeros(3, 1, dtype=torch.long), kind)
-    with pytest.raises(TypeError, match="labels must be int64"):
-        ops.family_class_terms(torch.zeros(1, 2, 3, 4), torch.zeros(2, 1, dtype=torch.int32), kind)
-    with pytest.raises(ValueError, match="logits must be .L, B, Q, C. with L >= 1"):
-        ops.family_class_terms(torch.zeros(0, 2, 3, 4), torch.zeros(2, 1, dtype=torch.long), kind)
+        bits = torch.int32 if ours.dtype == torch.float32 else torch.int16
+        assert torch.equal(ours.view(bits), theirs.view(bits)), (kind, region)
+    logits, labels = torch.zeros(1, 2, 3, 4), torch.zeros(3, dtype=torch.long)
+    for args, error, words in [((labels, torch.tensor([1, 2, 0]), 2), ValueError, r"sizes must be \(B,\) with B = 2"),
+                               ((labels, torch.tensor([1, 2]), 1), ValueError, r"sizes must be in \[0, width = 1\]"),
+                               ((labels, torch.tensor([1, 1]), 2), ValueError, "add up to labels' 3 objects"),
+                               ((labels.int(), torch.tensor([1, 2]), 2), TypeError, "labels must be int64")]:
+        with pytest.raises(error, match=words):
+            ops.family_class_terms(logits, *args, kind)
+    with pytest.raises(ValueError, match=r"logits must be \(L, B, Q, C\) with L >= 1"):
+        ops.family_class_terms(torch.zeros(0, 2, 3, 4), labels, torch.tensor([1, 2]), 2, kind)
     torch.library.opcheck(torch.ops.lucid.detr_cost.class_terms,
-                          (torch.randn(2, 2, 5, 6), torch.randint(0, 6, (2, 3)), ops.FAMILY_CLASS_TERMS.index(kind),
-                           0.25, 2.0))
+                          (torch.randn(2, 2, 5, 6), torch.randint(0, 6, (4,)), torch.tensor([3, 1]), 3,
+                           ops.FAMILY_CLASS_TERMS.index(kind), 0.25, 2.0))
 
 
 def test_the_class_term_of_probabilities_needs_no_math_function(library):

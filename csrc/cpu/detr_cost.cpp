@@ -118,25 +118,42 @@ std::pair<at::Tensor, at::Tensor> focal_terms(const at::Tensor& p, double alpha,
 }
 
 // torch.ops.lucid.detr_cost.class_terms (CPU): the class terms of transformers' DETR families (docs/spec.md, "DETR
-// family cost"), every layer's (B, Q, W) with the family's own ATen operations on that layer's own (B * Q, C) tensor,
-// so that each element is rounded where the family's vectorised CPU kernels round it: kind 0 minus the softmax
+// family cost"), every layer's (B, Q, width) with the family's own ATen operations on that layer's own (B * Q, C)
+// tensor, so that each element is rounded where the family's vectorised CPU kernels round it: kind 0 minus the softmax
 // probability of the object's class; 1 the focal terms of every class, then the object's taken; 2 the object's
-// probability taken, then its focal terms. One call from Python for every layer.
-at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labels, int64_t kind, double alpha,
-                                double gamma) {
+// probability taken, then its focal terms. labels (N,) are the batch's objects' classes image after image, sizes (B,)
+// their counts; columns past an image's objects take class 0 (as the family's padded blocks). One call from Python.
+at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& sizes,
+                                int64_t width, int64_t kind, double alpha, double gamma) {
   TORCH_CHECK_VALUE(logits.dim() == 4 && logits.size(0) >= 1, "logits must be (L, B, Q, C) with L >= 1, got ",
                     logits.sizes());
-  TORCH_CHECK_VALUE(labels.dim() == 2 && labels.size(0) == logits.size(1), "labels must be (B, W) with B = ",
-                    logits.size(1), " (logits' images), got ", labels.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(logits.scalar_type()), "logits must be floating point, got ",
                    logits.scalar_type());
+  TORCH_CHECK_VALUE(labels.dim() == 1, "labels must be (N,), got ", labels.sizes());
   TORCH_CHECK_TYPE(labels.scalar_type() == at::kLong, "labels must be int64, got ", labels.scalar_type());
+  TORCH_CHECK_VALUE(sizes.dim() == 1 && sizes.size(0) == logits.size(1), "sizes must be (B,) with B = ",
+                    logits.size(1), " (logits' images), got ", sizes.sizes());
+  TORCH_CHECK_TYPE(sizes.scalar_type() == at::kLong, "sizes must be int64, got ", sizes.scalar_type());
   TORCH_CHECK_VALUE(kind >= 0 && kind <= 2, "kind must be 0 (softmax), 1 (focal) or 2 (focal of the object's "
                     "probability), got ", kind);
-  TORCH_CHECK_VALUE(labels.device() == logits.device(), "logits and labels must be on one device, got ",
-                    logits.device(), " and ", labels.device());
+  TORCH_CHECK_VALUE(labels.device() == logits.device() && sizes.device() == logits.device(),
+                    "logits, labels and sizes must be on one device, got ", logits.device(), ", ", labels.device(),
+                    " and ", sizes.device());
   const int64_t layers = logits.size(0), bs = logits.size(1), nq = logits.size(2), nc = logits.size(3);
-  const auto index = labels.unsqueeze(1).expand({bs, nq, labels.size(1)});
+  const auto n = sizes.contiguous();
+  const int64_t* n_ptr = n.data_ptr<int64_t>();
+  int64_t total = 0;
+  for (int64_t b = 0; b < bs; ++b) {
+    TORCH_CHECK_VALUE(n_ptr[b] >= 0 && n_ptr[b] <= width, "sizes must be in [0, width = ", width, "], got ", n_ptr[b],
+                      " for image ", b);
+    total += n_ptr[b];
+  }
+  TORCH_CHECK_VALUE(total == labels.size(0), "sizes must add up to labels' ", labels.size(0), " objects, got ", total);
+  auto padded = at::zeros({bs, width}, labels.options());
+  for (int64_t b = 0, start = 0; b < bs; start += n_ptr[b], ++b) {
+    padded.select(0, b).narrow(0, 0, n_ptr[b]).copy_(labels.narrow(0, start, n_ptr[b]));
+  }
+  const auto index = padded.unsqueeze(1).expand({bs, nq, width});
   std::vector<at::Tensor> terms;
   terms.reserve(layers);
   for (int64_t k = 0; k < layers; ++k) {

@@ -118,19 +118,24 @@ def solve(problems: torch.Tensor, where: Layout, backend: str, layers: int = 1):
 
 
 # The devices on which the matches are picked by torch.ops.lucid.matches (ATen's operations in C++, one call from
-# Python) rather than by the same operations from Python here: those a run has checked.
+# Python) rather than by the same operations from Python here, and those on which its overload matches.split also cuts
+# them per image and layer: those a run has checked.
 MATCHES_OP_DEVICES = ("cpu", "cuda")
+MATCHES_SPLIT_DEVICES = ("cpu",)
 
 
 def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int = 1, batch_objects: bool = False):
     """Each image's matches from the op's (layers * problems, K) outputs: (queries ascending, their objects), int64
     on the device, image after image, layer after layer; the objects indexed in their image, or among the batch's
     (``batch_objects``, the peer's form)."""
+    split = where.per_image * layers
     if rows.device.type in MATCHES_OP_DEVICES and _library.loaded():  # one implementation, every backend
-        queries, objects = torch.ops.lucid.matches(rows, cols, where.pairs,
-                                                   where.query_offset if where.groups > 1 else None,
-                                                   where.object_offset if batch_objects else None, layers)
-        split = where.per_image * layers
+        offsets = (where.pairs, where.query_offset if where.groups > 1 else None,
+                   where.object_offset if batch_objects else None, layers)
+        if rows.device.type in MATCHES_SPLIT_DEVICES:
+            pieces = torch.ops.lucid.matches.split(rows, cols, *offsets, list(split))
+            return list(zip(pieces[0::2], pieces[1::2]))
+        queries, objects = torch.ops.lucid.matches(rows, cols, *offsets)
         return list(zip(queries.split_with_sizes(split), objects.split_with_sizes(split)))
     queries = rows.reshape(layers, -1).index_select(1, where.pairs)
     if where.groups > 1:
@@ -138,7 +143,6 @@ def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int =
     objects = cols.reshape(layers, -1).index_select(1, where.pairs)
     if batch_objects:
         objects.add_(where.object_offset)
-    split = where.per_image * layers
     return list(zip(queries.view(-1).split_with_sizes(split), objects.view(-1).split_with_sizes(split)))
 
 
@@ -384,13 +388,15 @@ class Memo:
     def __init__(self, refs: list, key: tuple, layers: dict, info: torch.Tensor, where: Layout, codes: list | None):
         self._refs, self._key, self._layers, self._info, self._where = refs, key, layers, info, where
         self._codes = codes  # info read to the host (each layer's), where it was read at the stack's first call
+        self._count = len(layers)
 
     def take(self, tensors: list, key: tuple, layer: int, check: bool):
         if (layer not in self._layers or key != self._key or len(tensors) != len(self._refs)
                 or any(ref() is not t for ref, t in zip(self._refs, tensors))):
             return None
         if check:
-            raise_refused(self._info[layer] if self._codes is None else self._codes[layer], self._where)
+            info = self._info.view(self._count, -1)[layer] if self._codes is None else self._codes[layer]
+            raise_refused(info, self._where)
         return self._layers.pop(layer)
 
 
@@ -462,5 +468,5 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
     images, per = len(where.counts), info.shape[0] // layers
     results = {k: per_layer[k * images:(k + 1) * images] for k in range(layers)}
     codes = None if codes is None else [codes[k * per:(k + 1) * per] for k in range(layers)]
-    memo = _MEMOS[m] = Memo([weakref.ref(t) for t in tensors], key, results, info.view(layers, -1), where, codes)
+    memo = _MEMOS[m] = Memo([weakref.ref(t) for t in tensors], key, results, info, where, codes)
     return memo.take(tensors, key, layer, check)

@@ -249,8 +249,8 @@ def _op_problems(m, fam: _Family, plan: dict, stacks: list, labels, objects, whe
     device = logits.device.type
     class_cost = None
     if device == "cpu":  # the family's operations, every layer in one call (the same operations in C++)
-        class_cost = ops.family_class_terms(logits, core.pad_objects(labels, where), fam.class_term, fam.alpha,
-                                            fam.gamma)
+        class_cost = ops.family_class_terms(logits, labels, where.image_sizes, where.width, fam.class_term,
+                                            fam.alpha, fam.gamma)
         scores = logits
     elif fam.class_term == "softmax":
         scores = logits.softmax(-1)  # one launch for every layer: a row's softmax is the same in any number of rows
