@@ -195,8 +195,8 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
 # element, _dtype_plan); on CUDA also its class term, whose elementwise math is CUDA's there too. On the CPU, ATen's
 # vectorised sigmoid rounds an element by where it falls in its tensor, so the class term stays the family's own
 # operations on its own tensors (torch.ops.lucid.detr_cost.class_terms runs them, every layer in one call) and the op
-# takes it. The first call of each kind still compares the result with the family's cost
-# entry by entry (_verify_blocks). FAMILY_COST_DEVICES: the devices whose calls use the op (those a run has checked).
+# takes it. The first call of each kind still compares the result with the family's cost entry by entry
+# (_verify_blocks). FAMILY_COST_DEVICES: the devices whose calls use the op (those a run has checked).
 FAMILY_COST_DEVICES = ("cpu", "cuda")
 _plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None (not in the op's dtypes)
 
