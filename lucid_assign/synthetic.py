@@ -520,9 +520,9 @@ def detr_costs(batch: int = 16, queries: int = 300, objects: int = 10, kind: str
                     boxes[b, q] = truth[b, n] * (1 + 0.03 * torch.randn(4, generator=g))
                     logits[b, q, classes[b, n]] += 2 + 3 * float(torch.rand((), generator=g))
             copies = int(duplicated * queries)
-            if queries and copies:
+            if queries and copies:  # distinct rows overwritten (a repeated index would leave the winner undefined)
                 src = torch.randint(0, queries, (copies,), generator=g)
-                dst = torch.randint(0, queries, (copies,), generator=g)
+                dst = torch.randperm(queries, generator=g)[:copies]
                 boxes[b, dst], logits[b, dst] = boxes[b, src].clone(), logits[b, src].clone()
     boxes[..., 2:] = boxes[..., 2:].clamp(min=1e-3)
     p = logits.sigmoid().gather(2, classes[:, None, :].expand(batch, queries, objects))
