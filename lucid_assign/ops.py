@@ -316,6 +316,8 @@ def family_class_terms(logits: torch.Tensor, labels: torch.Tensor, sizes: torch.
     (N,) int64, the batch's objects' classes image after image; sizes (B,) int64 their counts, at most ``width``, the
     result's columns (class 0 past an image's objects)."""
     _require("detr_cost")
+    if logits.device.type != "cpu":  # on CUDA detr_cost.family computes the class term itself
+        raise ValueError(f"logits: family_class_terms runs on the CPU, got a tensor on {logits.device}")
     return torch.ops.lucid.detr_cost.class_terms(logits, labels, sizes, int(width),
                                                  FAMILY_CLASS_TERMS.index(class_term), float(alpha), float(gamma))
 

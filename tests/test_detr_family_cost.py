@@ -145,6 +145,8 @@ def test_the_class_terms_op_is_the_families_operations_on_the_cpu(library, kind,
                                ((labels.int(), torch.tensor([1, 2]), 2), TypeError, "labels must be int64")]:
         with pytest.raises(error, match=words):
             ops.family_class_terms(logits, *args, kind)
+    with pytest.raises(ValueError, match="logits: family_class_terms runs on the CPU, got a tensor on meta"):
+        ops.family_class_terms(logits.to("meta"), labels, torch.tensor([1, 2]), 2, kind)
     with pytest.raises(ValueError, match=r"logits must be \(L, B, Q, C\) with L >= 1"):
         ops.family_class_terms(torch.zeros(0, 2, 3, 4), labels, torch.tensor([1, 2]), 2, kind)
     torch.library.opcheck(torch.ops.lucid.detr_cost.class_terms,
