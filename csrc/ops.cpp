@@ -107,11 +107,6 @@ TORCH_LIBRARY(lucid, m) {
   m.def(
       "matches(Tensor rows, Tensor cols, Tensor pairs, Tensor? query_offset, Tensor? object_offset, int layers) "
       "-> (Tensor, Tensor)");
-  // The same matches cut per image and layer: [queries, objects] of each piece of `split` (counts of matches, adding
-  // up to layers * M), one after the other; the pieces are views of the two outputs above.
-  m.def(
-      "matches.split(Tensor rows, Tensor cols, Tensor pairs, Tensor? query_offset, Tensor? object_offset, int layers, "
-      "int[] split) -> Tensor[]");
 }
 
 // The assignment and the matching produce targets, not something to differentiate: the outputs are constants. A
@@ -152,33 +147,9 @@ std::tuple<at::Tensor, at::Tensor> matches(const at::Tensor& rows, const at::Ten
   return {take(rows, query_offset), take(cols, object_offset)};
 }
 
-std::vector<at::Tensor> matches_split(const at::Tensor& rows, const at::Tensor& cols, const at::Tensor& pairs,
-                                      const c10::optional<at::Tensor>& query_offset,
-                                      const c10::optional<at::Tensor>& object_offset, int64_t layers,
-                                      c10::IntArrayRef split) {
-  const auto [queries, objects] = matches(rows, cols, pairs, query_offset, object_offset, layers);
-  int64_t total = 0;
-  for (const int64_t n : split) {
-    TORCH_CHECK_VALUE(n >= 0, "split must hold counts >= 0, got ", split);
-    total += n;
-  }
-  TORCH_CHECK_VALUE(total == queries.numel(), "split must add up to the ", queries.numel(), " matches, got ", total);
-  const auto q = queries.split_with_sizes(split), o = objects.split_with_sizes(split);
-  std::vector<at::Tensor> out;
-  out.reserve(2 * q.size());
-  for (size_t i = 0; i < q.size(); ++i) {
-    out.push_back(q[i]);
-    out.push_back(o[i]);
-  }
-  return out;
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(lucid, CompositeExplicitAutograd, m) {
-  m.impl("matches", &matches);
-  m.impl("matches.split", &matches_split);
-}
+TORCH_LIBRARY_IMPL(lucid, CompositeExplicitAutograd, m) { m.impl("matches", &matches); }
 
 // The fused ops take their autocast region as the argument autocast_dtype (amp.h). Their autocast kernel, one boxed
 // function for the three ops and both devices, fills it from the region it is called in when the caller left it None

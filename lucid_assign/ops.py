@@ -432,13 +432,6 @@ if _library.loaded():
         total = layers * pairs.shape[0]
         return rows.new_empty(total), cols.new_empty(total)
 
-    @torch.library.register_fake("lucid::matches.split")
-    def _matches_split_fake(rows, cols, pairs, query_offset, object_offset, layers, split):
-        queries, objects = _matches_fake(rows, cols, pairs, query_offset, object_offset, layers)
-        torch._check_value(sum(split) == queries.shape[0],
-                           lambda: f"split must add up to the {queries.shape[0]} matches, got {sum(split)}")
-        return [t for pair in zip(queries.split(split), objects.split(split)) for t in pair]
-
     @torch.library.register_fake("lucid::assign")
     def _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                      alpha, beta, eps, stride_val, rules=reference.DEFAULT_RULES, first_stride=None,

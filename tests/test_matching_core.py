@@ -94,16 +94,12 @@ def test_the_matches_op_is_the_python_path(library, device, monkeypatch):
         problems = torch.rand(layers * len(counts) * groups, queries // groups, where.width, generator=g).to(device)
         rows, cols, _ = core.solve(problems, where, "kernel", layers)
         for per_batch in (False, True):
-            found = []
-            for op_devices, split_devices in (((device,), (device,)), ((device,), ()), ((), ())):
-                monkeypatch.setattr(core, "MATCHES_OP_DEVICES", op_devices)  # split by matches.split, by Python,
-                monkeypatch.setattr(core, "MATCHES_SPLIT_DEVICES", split_devices)  # or all of it in Python
-                found.append(core.matches(rows, cols, where, layers, per_batch))
+            ours = core.matches(rows, cols, where, layers, per_batch)
+            monkeypatch.setattr(core, "MATCHES_OP_DEVICES", ())
+            theirs = core.matches(rows, cols, where, layers, per_batch)
             monkeypatch.undo()
-            theirs = found[-1]
-            for ours in found[:-1]:
-                assert len(ours) == len(theirs) == layers * len(counts)
-                assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(ours, theirs))
+            assert len(ours) == len(theirs) == layers * len(counts)
+            assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(ours, theirs))
     op = torch.ops.lucid.matches.default
     rows = torch.zeros(4, 3, dtype=torch.long, device=device)
     pairs = torch.tensor([0, 1, 3], device=device)
@@ -114,11 +110,6 @@ def test_the_matches_op_is_the_python_path(library, device, monkeypatch):
         with pytest.raises((ValueError, TypeError), match=words):
             op(*args)
     torch.library.opcheck(op, (rows, rows, pairs, pairs, None, 2))
-    split = torch.ops.lucid.matches.split
-    for cut, words in (([2, 2], "split must add up to the 6 matches"), ([7, -1], "split must hold counts >= 0")):
-        with pytest.raises(ValueError, match=words):
-            split(rows, rows, pairs, None, None, 2, cut)
-    torch.library.opcheck(split, (rows, rows, pairs, pairs, None, 2, [1, 0, 5]))
 
 
 def test_pad_objects_is_pad_sequence():

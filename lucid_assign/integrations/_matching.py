@@ -118,24 +118,19 @@ def solve(problems: torch.Tensor, where: Layout, backend: str, layers: int = 1):
 
 
 # The devices on which the matches are picked by torch.ops.lucid.matches (ATen's operations in C++, one call from
-# Python) rather than by the same operations from Python here, and those on which its overload matches.split also cuts
-# them per image and layer: those a run has checked.
+# Python) rather than by the same operations from Python here: those a run has checked.
 MATCHES_OP_DEVICES = ("cpu", "cuda")
-MATCHES_SPLIT_DEVICES = ("cpu",)
 
 
 def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int = 1, batch_objects: bool = False):
     """Each image's matches from the op's (layers * problems, K) outputs: (queries ascending, their objects), int64
     on the device, image after image, layer after layer; the objects indexed in their image, or among the batch's
     (``batch_objects``, the peer's form)."""
-    split = where.per_image * layers
     if rows.device.type in MATCHES_OP_DEVICES and _library.loaded():  # one implementation, every backend
-        offsets = (where.pairs, where.query_offset if where.groups > 1 else None,
-                   where.object_offset if batch_objects else None, layers)
-        if rows.device.type in MATCHES_SPLIT_DEVICES:
-            pieces = torch.ops.lucid.matches.split(rows, cols, *offsets, list(split))
-            return list(zip(pieces[0::2], pieces[1::2]))
-        queries, objects = torch.ops.lucid.matches(rows, cols, *offsets)
+        queries, objects = torch.ops.lucid.matches(rows, cols, where.pairs,
+                                                   where.query_offset if where.groups > 1 else None,
+                                                   where.object_offset if batch_objects else None, layers)
+        split = where.per_image * layers
         return list(zip(queries.split_with_sizes(split), objects.split_with_sizes(split)))
     queries = rows.reshape(layers, -1).index_select(1, where.pairs)
     if where.groups > 1:
@@ -143,6 +138,7 @@ def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int =
     objects = cols.reshape(layers, -1).index_select(1, where.pairs)
     if batch_objects:
         objects.add_(where.object_offset)
+    split = where.per_image * layers
     return list(zip(queries.view(-1).split_with_sizes(split), objects.view(-1).split_with_sizes(split)))
 
 
