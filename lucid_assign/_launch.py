@@ -10,7 +10,7 @@ replaces it (``execvpe``). So the launch costs no second interpreter's start whe
 
 The launcher is the package's first import: ``launching()`` says whether this process was started as ``lucid-assign
 run`` (or ``python -m lucid_assign run``), and then the package imports nothing more (no torch) and the console
-script (``console``) or ``python -m`` (lucid_assign/__main__.py) calls ``launch``.
+script (lucid_assign/_console.py) or ``python -m`` (lucid_assign/__main__.py) calls ``launch``.
 """
 
 from __future__ import annotations
@@ -261,12 +261,3 @@ def launch() -> int:
     """The launcher's work, in the process ``launching()`` found: COMMAND, here or in place of this process."""
     return main(sys.argv[2:], here=True)
 
-
-def console() -> int:
-    """The ``lucid-assign`` console script: ``run`` launches before the package's modules load (no torch); the other
-    commands are lucid_assign.__main__'s."""
-    if launching():
-        return launch()
-    from lucid_assign.__main__ import main as cli
-
-    return cli()

@@ -369,7 +369,7 @@ def test_a_command_run_in_the_launchers_process_fails_and_is_interrupted_as_alon
 
 
 def test_the_console_script_runs_this_python_in_its_process():
-    """The installed ``lucid-assign`` (lucid_assign._launch:console) launches before the package loads torch."""
+    """The installed ``lucid-assign`` (lucid_assign._console:console) launches before the package loads torch."""
     script = os.path.join(os.path.dirname(sys.executable), "lucid-assign")
     if not os.path.exists(script):
         pytest.skip("no lucid-assign console script beside this Python")
