@@ -30,7 +30,7 @@ from .bench import PRESETS as BENCH_PRESETS  # noqa: E402
 from .reference import INPUTS  # noqa: E402
 from .synthetic import dota_like_batch  # noqa: E402
 
-BENCH_DEFAULT_BACKENDS = "reference,kernel,peer"  # --kind lsap: kernel, scipy and tla
+BENCH_DEFAULT_BACKENDS = "reference,kernel,peer"  # --kind lsap: kernel, api, scipy and tla
 
 
 def _device(text: str) -> str:
@@ -217,7 +217,7 @@ def bench_lsap(args, device) -> int:
     from . import bench as B
 
     shapes = args.shapes or list(B.LSAP_SHAPES)
-    given = args.backends if args.backends != _backends(BENCH_DEFAULT_BACKENDS) else ["kernel", "peer"]
+    given = args.backends if args.backends != _backends(BENCH_DEFAULT_BACKENDS) else ["kernel", "api", "peer"]
     backends = [b for b in given if b != "peer"] + (["scipy", "tla"] if "peer" in given else [])
     reps = args.reps or (20 if device == "cuda" else 5)
     env = B.environment()
@@ -248,10 +248,10 @@ def _shape(text: str) -> tuple:
 def _backends(text: str) -> list:
     """--backends: a comma-separated list of reference, kernel and peer."""
     backends = [b.strip() for b in text.split(",") if b.strip()]
-    unknown = sorted(set(backends) - {"reference", "kernel", "peer", "scipy", "tla"})
+    unknown = sorted(set(backends) - {"reference", "kernel", "peer", "scipy", "tla", "api"})
     if unknown or not backends:
         raise argparse.ArgumentTypeError(f"{text!r}: unknown {unknown}; choose from reference, kernel, peer (and for "
-                                         "--kind lsap scipy, tla)"
+                                         "--kind lsap scipy, tla, api)"
                                          if unknown else "name at least one of reference, kernel, peer")
     return backends
 

@@ -325,7 +325,8 @@ def run(kind: str, batch: int, objects_list, device, backends, reps: int, seed: 
 
 
 # ---- the linear sum assignment ----------------------------------------------------------------------------------
-# Backends: the compiled op ("kernel"), the peer matcher's path ("scipy": the cost copied to the host, then SciPy once
+# Backends: the compiled op ("kernel"), the public function (lucid_assign.linear_sum_assignment: its checks and its
+# status read), the peer matcher's path ("scipy": the cost copied to the host, then SciPy once
 # per problem) and torch-linear-assignment ("tla", package torch-hungarian: a Triton kernel of SciPy's algorithm),
 # each where installed; the costs float32, uniform random or a DETR trainer's (synthetic.detr_costs: an untrained
 # model's near ties, a partly trained one's), one seeded batch per copy.
@@ -336,6 +337,10 @@ def lsap_runner(backend: str):
     """A function of one cost batch for ``backend``, or why it cannot run (a string)."""
     if backend == "kernel":
         return lambda cost: ops.linear_sum_assignment(cost)
+    if backend == "api":  # the public function: its checks, its status read (on CUDA, one synchronisation)
+        from .matching import linear_sum_assignment
+
+        return lambda cost: linear_sum_assignment(cost, backend="kernel")
     if backend == "reference":
         from . import lsap
 
@@ -378,7 +383,7 @@ def lsap_run(shapes, device, backends, reps: int, seed: int = 0, progress: bool 
             row = dict(kind="lsap", shape="x".join(map(str, shape)), batch=shape[0], objects=shape[2],
                        costs=kind, device=str(device), backend=backend)
             runner = lsap_runner(backend)
-            why = kernel_unavailable(device) if backend == "kernel" else None
+            why = kernel_unavailable(device) if backend in ("kernel", "api") else None
             why = why or (runner if isinstance(runner, str) else None)
             if why is not None:
                 row["skipped"] = why
@@ -393,20 +398,23 @@ def lsap_run(shapes, device, backends, reps: int, seed: int = 0, progress: bool 
 
 
 def lsap_table(results) -> str:
-    """Backends side by side per shape, with the kernel's speed-up over each."""
+    """Backends side by side per shape, with the op's speed-up over each (and the public function's, where timed)."""
     lines = [f"{'shape':>14} {'costs':<9} {'backend':<8} {'median ms':>10} {'min ms':>9} {'max ms':>9} "
-             f"{'kernel faster':>14}"]
+             f"{'kernel faster':>14} {'api faster':>11}"]
     for case in dict.fromkeys((r["shape"], r.get("costs", "uniform")) for r in results):
         rows = [r for r in results if (r["shape"], r.get("costs", "uniform")) == case]
         ours = next((r["median_s"] for r in rows if r["backend"] == "kernel" and "median_s" in r), None)
+        api = next((r["median_s"] for r in rows if r["backend"] == "api" and "median_s" in r), None)
         shape, kind = case
         for r in rows:
             if "median_s" not in r:
                 lines.append(f"{shape:>14} {kind:<9} {r['backend']:<8} skipped: {r['skipped']}")
                 continue
-            speedup = f"{r['median_s'] / ours:.1f}x" if ours and r["backend"] != "kernel" else ""
+            others = r["backend"] not in ("kernel", "api")
+            speedup = f"{r['median_s'] / ours:.1f}x" if ours and others else ""
+            by_api = f"{r['median_s'] / api:.1f}x" if api and others else ""
             lines.append(f"{shape:>14} {kind:<9} {r['backend']:<8} {r['median_s'] * 1e3:10.3f} "
-                         f"{r['min_s'] * 1e3:9.3f} {r['max_s'] * 1e3:9.3f} {speedup:>14}")
+                         f"{r['min_s'] * 1e3:9.3f} {r['max_s'] * 1e3:9.3f} {speedup:>14} {by_api:>11}")
     return "\n".join(lines)
 
 

@@ -272,8 +272,12 @@ def _lsap_rows(rec: dict) -> list:
         if k is None or p is None or "median_s" not in k or "median_s" not in p:
             continue
         b, rows_, cols = shape.split("x")
+        a = pair.get("api") if "median_s" in pair.get("api", {}) else None
         tla = (f"; torch-linear-assignment {_ms(t['median_s'])}, {t['median_s'] / k['median_s']:,.1f}x the kernel's"
+               + (f", {t['median_s'] / a['median_s']:,.1f}x lucid_assign.linear_sum_assignment's" if a else "")
                if t and "median_s" in t else "")
+        if a:
+            tla += f"; the public function {_ms(a['median_s'])}, synchronised"
         rows.append(f"| Hungarian matching, {b} problems of {rows_} x {cols} {_LSAP_COSTS[kind]} float32 costs (peer: "
                     "to the host, "
                     f"SciPy per problem{tla}) | {_ms(k['median_s'])} | {_ms(p['median_s'])} | "

@@ -181,13 +181,15 @@ def test_the_lsap_bench_times_each_kind_of_costs_and_the_readme_names_it(tmp_pat
     names the kind and its command carries --costs."""
     out = tmp_path / "lsap.json"
     assert cli.main(["bench", "--kind", "lsap", "--shapes", "2x20x5", "--costs", "uniform", "untrained", "--device",
-                     "cpu", "--reps", "1", "--backends", "kernel,scipy", "--no-progress", "--out", str(out)]) == 0
+                     "cpu", "--reps", "1", "--backends", "kernel,api,scipy", "--no-progress", "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
-    assert [(r["costs"], r["backend"]) for r in rec["results"]] == [("uniform", "kernel"), ("uniform", "scipy"),
-                                                                    ("untrained", "kernel"), ("untrained", "scipy")]
+    assert [(r["costs"], r["backend"]) for r in rec["results"]] == [
+        (kind, backend) for kind in ("uniform", "untrained") for backend in ("kernel", "api", "scipy")]
     figures = _figures()
     rows = figures._lsap_rows(rec)
     assert len(rows) == 2 and "2 problems of 20 x 5 an untrained DETR's float32 costs" in rows[1]
+    api = rec["results"][4]["median_s"]
+    assert f"the public function {figures._ms(api)}, synchronised" in rows[1]
     assert "--costs uniform untrained" in figures._command(rec["args"])
     assert "untrained" in capsys.readouterr().out
 
