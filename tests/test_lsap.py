@@ -370,9 +370,11 @@ def test_sanitize_subset(library):
     """A small run of every path of the CUDA solver and of the DETR cost kernel (used under compute-sanitizer,
     scripts/check_cuda.sh): the register kernels of 1 to 4 columns a thread and 1 to 8 warps, wide and tall problems
     (solved transposed, through the transposed copy), ragged sizes on the GPU (one out of range), NaN, an infeasible
-    problem, an empty one, one state in shared memory and one in the global workspace; each against SciPy."""
+    problem, an empty one, one state in shared memory and one in the global workspace, and a problem of more rows
+    than shared memory holds (300 x 1,000 float32); each against SciPy."""
     g = torch.Generator().manual_seed(9)
-    for rows, cols in ((3, 7), (20, 64), (60, 300), (5, 700), (40, 1024), (3, 1100), (1100, 3), (2, 8000)):
+    for rows, cols in ((3, 7), (20, 64), (60, 300), (5, 700), (40, 1024), (300, 1000), (3, 1100), (1100, 3),
+                       (2, 8000)):
         cost = (torch.rand(3, rows, cols, generator=g) * 6).round()
         cost[1, 0, 0] = float("nan")
         sizes = torch.tensor([cols, cols, max(cols - 2, 0)])

@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/launch.cuh"
 #include "entries.h"
@@ -310,6 +311,196 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
   if (tid == 0) info[b] = lsap::kSolved;
 }
 
+// ---- lsap_cached: lsap_registers with the rows it has read kept in shared memory --------------------------------
+// (switched off until a GPU run has checked it: LUCID_LSAP_CACHED=1 takes it)
+//
+// The same search, step for step, with three changes to a step's chain of dependent instructions. A search reaches
+// only row `cur` (its first step) and rows matched before it (rows < cur), and thread x only ever reads its own
+// columns of a row: so row cur + 1 is loaded into registers while search cur runs (its latency hidden), and each
+// thread keeps its columns of the first `cache_rows` rows in shared memory once it has read them (no barrier: no
+// other thread reads them), so that a later step reads them there instead of from L1 or L2. The warps' candidates
+// are 16 bytes (the column and its row packed), and every thread reads all kMaxWarps of them at once (unused ones
+// stay at +inf) and joins them in a tree, instead of one after another.
+struct alignas(16) Packed {
+  double cost;      // the column's shortest-path cost
+  uint32_t key;     // lsap::scan_key of the column
+  uint32_t where;   // the column | (its row + 1) << 16 (columns and rows below 2^15 here)
+};
+
+struct CachedState {
+  Packed* candidates;  // (2, kMaxWarps)
+  double* u;
+  int32_t* col4row;
+  int32_t* path;
+  int32_t* row4col;
+  char* cache;  // (cache_rows, nc) costs of type T, row by row
+  __host__ __device__ static int64_t state_bytes(int64_t nr, int64_t nc) {
+    return (2 * kMaxWarps * static_cast<int64_t>(sizeof(Packed)) + 12 * nr + 8 * nc + 15) / 16 * 16;
+  }
+  __device__ static CachedState at(char* base, int64_t nr, int64_t nc) {
+    CachedState s;
+    s.candidates = reinterpret_cast<Packed*>(base);
+    s.u = reinterpret_cast<double*>(s.candidates + 2 * kMaxWarps);
+    s.col4row = reinterpret_cast<int32_t*>(s.u + nr);
+    s.path = s.col4row + nr;
+    s.row4col = s.path + nc;
+    s.cache = base + state_bytes(nr, nc);
+    return s;
+  }
+};
+
+template <typename T, int L>
+__global__ void __launch_bounds__(kMaxWarps * kWarp)
+    lsap_cached(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
+                const int64_t* __restrict__ sizes, int64_t K, int32_t cache_rows, int64_t* __restrict__ out_rows,
+                int64_t* __restrict__ out_cols, int32_t* __restrict__ info) {
+  extern __shared__ __align__(16) char smem[];
+  const int64_t b = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & (kWarp - 1), warp = tid / kWarp;
+  const int threads = blockDim.x;
+  int64_t* rows = out_rows + b * K;
+  int64_t* cols = out_cols + b * K;
+  int64_t width;
+  if (!start_problem(b, tid, threads, R, C, sizes, K, rows, cols, info, width)) return;
+  const bool transposed = lsap::solved_transposed(R, width);
+  const int32_t nr = static_cast<int32_t>(transposed ? width : R), nc = static_cast<int32_t>(transposed ? R : width);
+  const Costs<T> at(cost, cost_t, b, R, C, transposed);
+  const CachedState s = CachedState::at(smem, nr, nc);
+  T* cache = reinterpret_cast<T*>(s.cache);
+  const int32_t cached = min(cache_rows, nr);
+  for (int32_t i = tid; i < nr; i += threads) {
+    s.u[i] = 0;
+    s.col4row[i] = -1;
+  }
+  for (int32_t t = tid; t < nc; t += threads) s.row4col[t] = -1;
+  if (tid < 2 * kMaxWarps) s.candidates[tid] = Packed{lsap::kInf, lsap::kNoColumn, 0};
+  double v[L], spc[L];
+  int32_t pos[L], match[L];
+  T next[L];  // this thread's columns of row cur + 1, loaded during search cur
+#pragma unroll
+  for (int k = 0; k < L; ++k) {
+    const int32_t t = tid + threads * k;
+    v[k] = 0;
+    match[k] = -1;
+    next[k] = t < nc ? at.base[t * at.stride_t] : T(0);
+  }
+  __syncthreads();
+
+  int32_t round = 0;
+  for (int32_t cur = 0; cur < nr; ++cur) {
+    T first[L];
+#pragma unroll
+    for (int k = 0; k < L; ++k) {
+      const int32_t t = tid + threads * k;
+      first[k] = next[k];
+      spc[k] = lsap::kInf;
+      pos[k] = t < nc ? nc - 1 - t : kAbsent;
+      if (cur < cached && t < nc) cache[static_cast<int64_t>(cur) * nc + t] = first[k];
+    }
+    if (cur + 1 < nr) {
+      const T* row = at.base + (cur + 1) * at.stride_s;
+#pragma unroll
+      for (int k = 0; k < L; ++k) {
+        const int32_t t = tid + threads * k;
+        if (t < nc) next[k] = row[t * at.stride_t];
+      }
+    }
+    double min_val = 0;
+    int32_t i = cur, left = nc, sink = -1;
+    while (sink < 0) {
+      const double u_i = s.u[i];
+      T c[L];
+      if (i == cur) {
+#pragma unroll
+        for (int k = 0; k < L; ++k) c[k] = first[k];
+      } else if (i < cached) {
+        const T* row = cache + static_cast<int64_t>(i) * nc;
+#pragma unroll
+        for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[tid + threads * k] : T(0);
+      } else {
+        const T* row = at.base + i * at.stride_s;
+#pragma unroll
+        for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[(tid + threads * k) * at.stride_t] : T(0);
+      }
+      double best = lsap::kInf;
+      uint32_t best_key = lsap::kNoColumn;
+      int best_slot = 0;
+#pragma unroll
+      for (int k = 0; k < L; ++k) {
+        if (pos[k] < 0) continue;
+        const double r = lsap::path_cost(min_val, static_cast<double>(c[k]), u_i, v[k]);
+        if (r < spc[k]) {
+          s.path[tid + threads * k] = i;
+          spc[k] = r;
+        }
+        const uint32_t key = lsap::scan_key(match[k] == -1, pos[k]);
+        if (lsap::chosen_before(spc[k], key, best, best_key)) {
+          best = spc[k];
+          best_key = key;
+          best_slot = k;
+        }
+      }
+      Packed* candidates = s.candidates + (round & 1) * kMaxWarps;
+      if (lane == warp_winner(best, best_key)) {
+        const uint32_t column = static_cast<uint32_t>(tid + threads * best_slot);
+        candidates[warp] = Packed{best, best_key, column | static_cast<uint32_t>(pick(match, best_slot) + 1) << 16};
+      }
+      __syncthreads();
+      Packed x[kMaxWarps];
+#pragma unroll
+      for (int w = 0; w < kMaxWarps; ++w) x[w] = candidates[w];
+#pragma unroll
+      for (int span = 1; span < kMaxWarps; span *= 2) {
+#pragma unroll
+        for (int w = 0; w + span < kMaxWarps; w += 2 * span) {
+          if (lsap::chosen_before(x[w + span].cost, x[w + span].key, x[w].cost, x[w].key)) x[w] = x[w + span];
+        }
+      }
+      const Packed chosen = x[0];
+      ++round;
+      min_val = chosen.cost;
+      if (min_val == lsap::kInf) {  // every column left is out of reach
+        if (tid == 0) info[b] = lsap::kInfeasible;
+        return;
+      }
+      const int32_t p = lsap::key_position(chosen.key);
+      const int32_t column = static_cast<int32_t>(chosen.where & 0xFFFFu);
+      const int32_t row = static_cast<int32_t>(chosen.where >> 16) - 1;
+      --left;
+#pragma unroll
+      for (int k = 0; k < L; ++k) {
+        if (pos[k] == left) pos[k] = p;
+      }
+      if (column % threads == tid) put(pos, column / threads, kOnTree);
+      if (row == -1) {
+        sink = column;
+      } else {
+        i = row;
+      }
+    }
+    if (tid == 0) s.u[cur] += min_val;
+#pragma unroll
+    for (int k = 0; k < L; ++k) {
+      if (pos[k] != kOnTree) continue;
+      const double d = min_val - spc[k];
+      if (match[k] >= 0) s.u[match[k]] += d;
+      v[k] -= d;
+    }
+    __syncthreads();
+    if (tid == 0) lsap::flip_path(s.path, s.row4col, s.col4row, cur, sink);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < L; ++k) {
+      const int32_t t = tid + threads * k;
+      if (t < nc) match[k] = s.row4col[t];
+    }
+  }
+  write_results(
+      transposed, nr, nc, tid, threads, [&](int64_t i) { return s.col4row[i]; },
+      [&](int64_t t) { return s.row4col[t]; }, rows, cols);
+  if (tid == 0) info[b] = lsap::kSolved;
+}
+
 // ---- lsap_memory: any size, the state in memory -------------------------------------------------------------
 
 // The solver's state of one problem of nr <= nc (bytes: 32 per column and 13 per row, doubles first).
@@ -461,6 +652,12 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
   if (lane == 0) info[b] = lsap::kSolved;
 }
 
+// LUCID_LSAP_CACHED=1: lsap_cached instead of lsap_registers (not yet checked on a GPU; read at each call).
+bool cached_solver() {
+  const char* flag = std::getenv("LUCID_LSAP_CACHED");
+  return flag != nullptr && flag[0] == '1';
+}
+
 void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes, at::Tensor& rows,
                 at::Tensor& cols, at::Tensor& info) {
   const c10::cuda::CUDAGuard guard(cost.device());
@@ -495,6 +692,28 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
                          info.data_ptr<int32_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
+    if (cached_solver()) {
+      // shared memory for the cache: what the SM holds, shared by the blocks that must run on it at once
+      const auto* props = at::cuda::getCurrentDeviceProperties();
+      const int64_t per_sm = (d.B + props->multiProcessorCount - 1) / props->multiProcessorCount;
+      const int64_t room = std::min<int64_t>(props->sharedMemPerBlockOptin,
+                                             static_cast<int64_t>(props->sharedMemPerMultiprocessor) / per_sm -
+                                                 static_cast<int64_t>(props->reservedSharedMemPerBlock));
+      const int64_t state = CachedState::state_bytes(nr, nc), row_bytes = nc * static_cast<int64_t>(sizeof(T));
+      const int64_t cache_rows = std::clamp<int64_t>((room - state) / row_bytes, 0, nr);
+      const int64_t smem = state + cache_rows * row_bytes;
+      const auto launch_cached = [&](auto kernel) {
+        if (smem > 48 * 1024) raise_smem_limit(kernel, smem);
+        kernel<<<static_cast<unsigned>(d.B), static_cast<unsigned>(kWarp * warps), static_cast<size_t>(smem),
+                 stream>>>(c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, static_cast<int32_t>(cache_rows),
+                           rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(), info.data_ptr<int32_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      };
+      if (per_thread <= 1) return launch_cached(lsap_cached<T, 1>);
+      if (per_thread <= 2) return launch_cached(lsap_cached<T, 2>);
+      if (per_thread <= 3) return launch_cached(lsap_cached<T, 3>);
+      if (per_thread <= 4) return launch_cached(lsap_cached<T, 4>);
+    }
     if (per_thread <= 1) return launch_registers(lsap_registers<T, 1>);
     if (per_thread <= 2) return launch_registers(lsap_registers<T, 2>);
     if (per_thread <= 3) return launch_registers(lsap_registers<T, 3>);
