@@ -131,6 +131,24 @@ __device__ __forceinline__ int warp_winner(double cost, uint32_t key) {
   return __ffs(__ballot_sync(kFull, least && key == min_key)) - 1;
 }
 
+// warp_winner's lane, with fewer reductions where the least is unique: a lane alone with the least high half (or,
+// after the low half, alone with the least cost) is the winner without the reductions after it. The same lane as
+// warp_winner's on every input.
+__device__ __forceinline__ int warp_winner_fast(double cost, uint32_t key) {
+  uint64_t bits = static_cast<uint64_t>(__double_as_longlong(__dadd_rn(cost, 0.0)));  // -0 + 0 = +0
+  bits = (bits >> 63) ? ~bits : (bits | (1ull << 63));
+  const uint32_t hi = static_cast<uint32_t>(bits >> 32), lo = static_cast<uint32_t>(bits);
+  const uint32_t min_hi = warp_min(hi);
+  const unsigned at_hi = __ballot_sync(kFull, hi == min_hi);
+  if (__popc(at_hi) == 1) return __ffs(at_hi) - 1;
+  const uint32_t min_lo = warp_min(hi == min_hi ? lo : 0xFFFFFFFFu);
+  const bool least = hi == min_hi && lo == min_lo;
+  const unsigned at_least = __ballot_sync(kFull, least);
+  if (__popc(at_least) == 1) return __ffs(at_least) - 1;
+  const uint32_t min_key = warp_min(least ? key : lsap::kNoColumn);
+  return __ffs(__ballot_sync(kFull, least && key == min_key)) - 1;
+}
+
 // a[slot] for a slot known at run time, without indexing a register array at run time (which would move it to
 // local memory).
 template <int L, typename V>
@@ -441,7 +459,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
         }
       }
       Packed* candidates = s.candidates + (round & 1) * kMaxWarps;
-      if (lane == warp_winner(best, best_key)) {
+      if (lane == warp_winner_fast(best, best_key)) {
         const uint32_t column = static_cast<uint32_t>(tid + threads * best_slot);
         candidates[warp] = Packed{best, best_key, column | static_cast<uint32_t>(pick(match, best_slot) + 1) << 16};
       }
@@ -486,7 +504,8 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
       if (match[k] >= 0) s.u[match[k]] += d;
       v[k] -= d;
     }
-    __syncthreads();
+    // the flip reads only what the step's barrier published (path) and what thread 0 wrote (the matches), and no one
+    // reads the row duals before the barrier after it: one barrier a search
     if (tid == 0) lsap::flip_path(s.path, s.row4col, s.col4row, cur, sink);
     __syncthreads();
 #pragma unroll
@@ -683,7 +702,8 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     // up to 1,024 columns: W warps with up to L columns a thread, W growing first (2 columns a thread up to 512)
-    const int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
+    const int64_t warps_auto = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
+    const int64_t warps = warps_auto;
     const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
     const auto launch_registers = [&](auto kernel) {
       const int64_t smem = RowState::bytes(nr, nc);
@@ -693,6 +713,11 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
     if (cached_solver()) {
+      // LUCID_LSAP_WARPS=W (experiment): W warps instead, where W warps of up to 4 columns a thread hold the problem
+      const char* w_env = std::getenv("LUCID_LSAP_WARPS");
+      const int64_t w_want = w_env ? std::atoi(w_env) : 0;
+      const int64_t warps = w_want >= 1 && w_want <= kMaxWarps && 4 * kWarp * w_want >= nc ? w_want : warps_auto;
+      const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
       // shared memory for the cache: what the SM holds, shared by the blocks that must run on it at once
       const auto* props = at::cuda::getCurrentDeviceProperties();
       const int64_t per_sm = (d.B + props->multiProcessorCount - 1) / props->multiProcessorCount;
