@@ -75,12 +75,14 @@ def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, maximize: bool = Fa
     if sizes is not None and not isinstance(sizes, torch.Tensor):
         sizes = checks.sizes_tensor(sizes)  # on the CPU: checked at the call, no synchronisation
     rows, cols, info = solve(cost, sizes, backend)
-    if check:
-        raise_unsolved(info)
     if cost.dim() == 2:
         n = min(cost.shape)
-        return rows[:n], cols[:n]
-    return pairs_to_columns(rows, cols, cost.shape[1])
+        out = rows[:n], cols[:n]
+    else:
+        out = pairs_to_columns(rows, cols, cost.shape[1])  # launched before the status is read, not after
+    if check:
+        raise_unsolved(info)
+    return out
 
 
 def pairs_to_columns(rows: torch.Tensor, cols: torch.Tensor, n_rows: int) -> torch.Tensor:

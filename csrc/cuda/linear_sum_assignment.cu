@@ -5,9 +5,10 @@
 //
 // Two kernels. lsap_registers (up to 1,024 columns): a block of up to 8 warps, each thread keeping its columns' state
 // in registers (at most 4 columns), reads each row of the cost in the solver's orientation (a transposed copy for tall
-// problems, so that a warp's reads are contiguous); each step every warp settles its lanes by integer warp
-// reductions and the warps' winners meet in shared memory, one barrier a step. A step is a chain of dependent
-// instructions, so several warps (on the SM's four schedulers) with few columns each beat one warp with many.
+// problems, so that a warp's reads are contiguous) and keeps the rows it has read in shared memory where they fit;
+// each step every warp settles its lanes by integer warp reductions and the warps' winners meet in shared memory, one
+// barrier a step. A step is a chain of dependent instructions (Nsight Compute: each waits on the one before), so
+// several warps (on the SM's four schedulers) with few columns each beat one warp with many.
 // lsap_memory (any size): one warp, the state in shared memory, or in a global workspace for problems too large for
 // it. Before either, a pass over every problem marks the ones holding NaN or -inf, as SciPy refuses them before it
 // solves. Nothing is read back to the host.
@@ -19,7 +20,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "cuda/launch.cuh"
 #include "entries.h"
@@ -119,22 +119,10 @@ __device__ __forceinline__ uint32_t warp_min(uint32_t x) {
 }
 
 // The lane holding the warp's least (cost, key) in lsap::chosen_before's order (costs are never NaN here): the
-// cost's bits in an order that compares as the numbers do (-0 as +0), reduced 32 bits at a time, then the key.
+// cost's bits in an order that compares as the numbers do (-0 as +0), reduced 32 bits at a time, then the key; a lane
+// alone with the least high half (or, after the low half, alone with the least cost) wins without the reductions
+// after it, and ties go to the least key, then the first lane.
 __device__ __forceinline__ int warp_winner(double cost, uint32_t key) {
-  uint64_t bits = static_cast<uint64_t>(__double_as_longlong(__dadd_rn(cost, 0.0)));  // -0 + 0 = +0
-  bits = (bits >> 63) ? ~bits : (bits | (1ull << 63));
-  const uint32_t hi = static_cast<uint32_t>(bits >> 32), lo = static_cast<uint32_t>(bits);
-  const uint32_t min_hi = warp_min(hi);
-  const uint32_t min_lo = warp_min(hi == min_hi ? lo : 0xFFFFFFFFu);
-  const bool least = hi == min_hi && lo == min_lo;
-  const uint32_t min_key = warp_min(least ? key : lsap::kNoColumn);
-  return __ffs(__ballot_sync(kFull, least && key == min_key)) - 1;
-}
-
-// warp_winner's lane, with fewer reductions where the least is unique: a lane alone with the least high half (or,
-// after the low half, alone with the least cost) is the winner without the reductions after it. The same lane as
-// warp_winner's on every input.
-__device__ __forceinline__ int warp_winner_fast(double cost, uint32_t key) {
   uint64_t bits = static_cast<uint64_t>(__double_as_longlong(__dadd_rn(cost, 0.0)));  // -0 + 0 = +0
   bits = (bits >> 63) ? ~bits : (bits | (1ull << 63));
   const uint32_t hi = static_cast<uint32_t>(bits >> 32), lo = static_cast<uint32_t>(bits);
@@ -169,195 +157,32 @@ __device__ __forceinline__ void put(V (&a)[L], int slot, V value) {
   }
 }
 
-// A warp's candidate for the step's column (its lanes' least in lsap::chosen_before's order), and the block's choice
-// among its warps' candidates.
-struct Candidate {
-  double cost;     // the column's shortest-path cost
-  uint32_t key;    // lsap::scan_key of the column
-  int32_t column;  // the column, in the solver's orientation
-  int32_t row;     // the row matched to it, -1 when free
-  int32_t unused;
-};
-
 constexpr int kMaxWarps = 8;  // lsap_registers' largest block: 256 threads
 
-// Shared memory of lsap_registers: the rows' duals and matches, two rounds of the warps' candidates, the row each
-// column was reached from (written only when a column's path gets shorter, read only along the augmenting path) and
-// the row matched to each column (written by the flip, read back into the threads' registers after it).
-struct RowState {
-  double* u;
-  Candidate* candidates;  // (2, kMaxWarps): the rounds alternate, so one barrier a step keeps them apart
-  int32_t* col4row;
-  int32_t* path;
-  int32_t* row4col;
-  static int64_t bytes(int64_t nr, int64_t nc) {
-    return (12 * nr + 2 * kMaxWarps * static_cast<int64_t>(sizeof(Candidate)) + 8 * nc + 15) / 16 * 16;
-  }
-  __device__ static RowState at(char* base, int64_t nr, int64_t nc) {
-    RowState s;
-    s.u = reinterpret_cast<double*>(base);
-    s.candidates = reinterpret_cast<Candidate*>(s.u + nr);
-    s.col4row = reinterpret_cast<int32_t*>(s.candidates + 2 * kMaxWarps);
-    s.path = s.col4row + nr;
-    s.row4col = s.path + nc;
-    return s;
-  }
-};
-
-// One block of W warps (blockDim.x = 32 W) solves one problem of up to 32 W L columns: thread x keeps columns
-// x + 32 W k (k < L) in registers. Each step every warp reduces its lanes' columns, the warps' winners meet in shared
-// memory, and every thread takes the same least of them; so the warps of an SM's four schedulers share the scan.
-template <typename T, int L>
-__global__ void __launch_bounds__(kMaxWarps * kWarp)
-    lsap_registers(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
-                   const int64_t* __restrict__ sizes, int64_t K, int64_t* __restrict__ out_rows,
-                   int64_t* __restrict__ out_cols, int32_t* __restrict__ info) {
-  extern __shared__ __align__(16) char smem[];
-  const int64_t b = blockIdx.x;
-  const int tid = threadIdx.x, lane = tid & (kWarp - 1), warp = tid / kWarp;
-  const int threads = blockDim.x, warps = threads / kWarp;
-  int64_t* rows = out_rows + b * K;
-  int64_t* cols = out_cols + b * K;
-  int64_t width;
-  if (!start_problem(b, tid, threads, R, C, sizes, K, rows, cols, info, width)) return;
-  const bool transposed = lsap::solved_transposed(R, width);
-  const int32_t nr = static_cast<int32_t>(transposed ? width : R), nc = static_cast<int32_t>(transposed ? R : width);
-  const Costs<T> at(cost, cost_t, b, R, C, transposed);
-  const RowState s = RowState::at(smem, nr, nc);
-  for (int32_t i = tid; i < nr; i += threads) {
-    s.u[i] = 0;
-    s.col4row[i] = -1;
-  }
-  for (int32_t t = tid; t < nc; t += threads) s.row4col[t] = -1;
-  // this thread's columns: tid + threads k
-  double v[L], spc[L];
-  int32_t pos[L], match[L];
-#pragma unroll
-  for (int k = 0; k < L; ++k) {
-    v[k] = 0;
-    match[k] = -1;
-  }
-  __syncthreads();
-
-  int32_t round = 0;
-  for (int32_t cur = 0; cur < nr; ++cur) {
-    // a new search: every column in SciPy's list (the last column first), at an infinite distance
-#pragma unroll
-    for (int k = 0; k < L; ++k) {
-      const int32_t t = tid + threads * k;
-      spc[k] = lsap::kInf;
-      pos[k] = t < nc ? nc - 1 - t : kAbsent;
-    }
-    double min_val = 0;
-    int32_t i = cur, left = nc, sink = -1;
-    while (sink < 0) {
-      const double u_i = s.u[i];
-      const T* row = at.base + i * at.stride_s;
-      T c[L];
-#pragma unroll
-      for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[(tid + threads * k) * at.stride_t] : T(0);
-      double best = lsap::kInf;
-      uint32_t best_key = lsap::kNoColumn;
-      int best_slot = 0;
-#pragma unroll
-      for (int k = 0; k < L; ++k) {
-        if (pos[k] < 0) continue;
-        const double r = lsap::path_cost(min_val, static_cast<double>(c[k]), u_i, v[k]);
-        if (r < spc[k]) {
-          s.path[tid + threads * k] = i;
-          spc[k] = r;
-        }
-        const uint32_t key = lsap::scan_key(match[k] == -1, pos[k]);
-        if (lsap::chosen_before(spc[k], key, best, best_key)) {
-          best = spc[k];
-          best_key = key;
-          best_slot = k;
-        }
-      }
-      Candidate* candidates = s.candidates + (round & 1) * kMaxWarps;
-      if (lane == warp_winner(best, best_key)) {
-        candidates[warp] = Candidate{best, best_key, tid + threads * best_slot, pick(match, best_slot), 0};
-      }
-      __syncthreads();
-      Candidate chosen = candidates[0];
-      for (int w = 1; w < warps; ++w) {
-        const Candidate other = candidates[w];
-        if (lsap::chosen_before(other.cost, other.key, chosen.cost, chosen.key)) chosen = other;
-      }
-      ++round;
-      min_val = chosen.cost;
-      if (min_val == lsap::kInf) {  // every column left is out of reach
-        if (tid == 0) info[b] = lsap::kInfeasible;
-        return;
-      }
-      // SciPy's removal: the last column of its list takes the chosen one's place
-      const int32_t p = lsap::key_position(chosen.key);
-      --left;
-#pragma unroll
-      for (int k = 0; k < L; ++k) {
-        if (pos[k] == left) pos[k] = p;
-      }
-      if (chosen.column % threads == tid) put(pos, chosen.column / threads, kOnTree);
-      if (chosen.row == -1) {
-        sink = chosen.column;
-      } else {
-        i = chosen.row;
-      }
-    }
-    // the duals: each column on the tree, and the row it brought onto the tree (all but row cur)
-    if (tid == 0) s.u[cur] += min_val;
-#pragma unroll
-    for (int k = 0; k < L; ++k) {
-      if (pos[k] != kOnTree) continue;
-      const double d = min_val - spc[k];
-      if (match[k] >= 0) s.u[match[k]] += d;
-      v[k] -= d;
-    }
-    __syncthreads();
-    // the flip along the path from the sink back to row cur, then each thread's matches read back
-    if (tid == 0) lsap::flip_path(s.path, s.row4col, s.col4row, cur, sink);
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < L; ++k) {
-      const int32_t t = tid + threads * k;
-      if (t < nc) match[k] = s.row4col[t];
-    }
-  }
-  write_results(
-      transposed, nr, nc, tid, threads, [&](int64_t i) { return s.col4row[i]; },
-      [&](int64_t t) { return s.row4col[t]; }, rows, cols);
-  if (tid == 0) info[b] = lsap::kSolved;
-}
-
-// ---- lsap_cached: lsap_registers with the rows it has read kept in shared memory --------------------------------
-// (switched off until a GPU run has checked it: LUCID_LSAP_CACHED=1 takes it)
-//
-// The same search, step for step, with three changes to a step's chain of dependent instructions. A search reaches
-// only row `cur` (its first step) and rows matched before it (rows < cur), and thread x only ever reads its own
-// columns of a row: so row cur + 1 is loaded into registers while search cur runs (its latency hidden), and each
-// thread keeps its columns of the first `cache_rows` rows in shared memory once it has read them (no barrier: no
-// other thread reads them), so that a later step reads them there instead of from L1 or L2. The warps' candidates
-// are 16 bytes (the column and its row packed), and every thread reads all kMaxWarps of them at once (unused ones
-// stay at +inf) and joins them in a tree, instead of one after another.
-struct alignas(16) Packed {
+// A warp's candidate for the step's column (its lanes' least in lsap::chosen_before's order), 16 bytes.
+struct alignas(16) Candidate {
   double cost;      // the column's shortest-path cost
   uint32_t key;     // lsap::scan_key of the column
   uint32_t where;   // the column | (its row + 1) << 16 (columns and rows below 2^15 here)
 };
 
-struct CachedState {
-  Packed* candidates;  // (2, kMaxWarps)
+// Shared memory of lsap_registers: two rounds of the warps' candidates (they alternate, so one barrier a step keeps
+// them apart), the rows' duals and matches, the row each column was reached from (written only when a column's path
+// gets shorter, read only along the augmenting path), the row matched to each column (written by the flip, read
+// back into the threads' registers after it), then the cache of the rows read.
+struct RowState {
+  Candidate* candidates;  // (2, kMaxWarps)
   double* u;
   int32_t* col4row;
   int32_t* path;
   int32_t* row4col;
   char* cache;  // (cache_rows, nc) costs of type T, row by row
   __host__ __device__ static int64_t state_bytes(int64_t nr, int64_t nc) {
-    return (2 * kMaxWarps * static_cast<int64_t>(sizeof(Packed)) + 12 * nr + 8 * nc + 15) / 16 * 16;
+    return (2 * kMaxWarps * static_cast<int64_t>(sizeof(Candidate)) + 12 * nr + 8 * nc + 15) / 16 * 16;
   }
-  __device__ static CachedState at(char* base, int64_t nr, int64_t nc) {
-    CachedState s;
-    s.candidates = reinterpret_cast<Packed*>(base);
+  __device__ static RowState at(char* base, int64_t nr, int64_t nc) {
+    RowState s;
+    s.candidates = reinterpret_cast<Candidate*>(base);
     s.u = reinterpret_cast<double*>(s.candidates + 2 * kMaxWarps);
     s.col4row = reinterpret_cast<int32_t*>(s.u + nr);
     s.path = s.col4row + nr;
@@ -367,11 +192,19 @@ struct CachedState {
   }
 };
 
+// One block of W warps (blockDim.x = 32 W) solves one problem of up to 32 W L columns: thread x keeps columns
+// x + 32 W k (k < L) in registers. Each step every warp reduces its lanes' columns, the warps' winners meet in shared
+// memory, and every thread reads all kMaxWarps of them at once (unused ones stay at +inf) and joins them in a tree;
+// so the warps of an SM's four schedulers share the scan. A search reaches only row `cur` (its first step) and rows
+// matched before it (rows < cur), and thread x only ever reads its own columns of a row: so row cur + 1 is loaded
+// into registers while search cur runs (its latency hidden), and each thread keeps its columns of the first
+// `cache_rows` rows in shared memory once it has read them (no barrier: no other thread reads them), so that a later
+// step reads them there instead of from L1 or L2.
 template <typename T, int L>
 __global__ void __launch_bounds__(kMaxWarps * kWarp)
-    lsap_cached(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
-                const int64_t* __restrict__ sizes, int64_t K, int32_t cache_rows, int64_t* __restrict__ out_rows,
-                int64_t* __restrict__ out_cols, int32_t* __restrict__ info) {
+    lsap_registers(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
+                   const int64_t* __restrict__ sizes, int64_t K, int32_t cache_rows, int64_t* __restrict__ out_rows,
+                   int64_t* __restrict__ out_cols, int32_t* __restrict__ info) {
   extern __shared__ __align__(16) char smem[];
   const int64_t b = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & (kWarp - 1), warp = tid / kWarp;
@@ -383,7 +216,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
   const bool transposed = lsap::solved_transposed(R, width);
   const int32_t nr = static_cast<int32_t>(transposed ? width : R), nc = static_cast<int32_t>(transposed ? R : width);
   const Costs<T> at(cost, cost_t, b, R, C, transposed);
-  const CachedState s = CachedState::at(smem, nr, nc);
+  const RowState s = RowState::at(smem, nr, nc);
   T* cache = reinterpret_cast<T*>(s.cache);
   const int32_t cached = min(cache_rows, nr);
   for (int32_t i = tid; i < nr; i += threads) {
@@ -391,7 +224,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
     s.col4row[i] = -1;
   }
   for (int32_t t = tid; t < nc; t += threads) s.row4col[t] = -1;
-  if (tid < 2 * kMaxWarps) s.candidates[tid] = Packed{lsap::kInf, lsap::kNoColumn, 0};
+  if (tid < 2 * kMaxWarps) s.candidates[tid] = Candidate{lsap::kInf, lsap::kNoColumn, 0};
   double v[L], spc[L];
   int32_t pos[L], match[L];
   T next[L];  // this thread's columns of row cur + 1, loaded during search cur
@@ -458,13 +291,13 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
           best_slot = k;
         }
       }
-      Packed* candidates = s.candidates + (round & 1) * kMaxWarps;
-      if (lane == warp_winner_fast(best, best_key)) {
+      Candidate* candidates = s.candidates + (round & 1) * kMaxWarps;
+      if (lane == warp_winner(best, best_key)) {
         const uint32_t column = static_cast<uint32_t>(tid + threads * best_slot);
-        candidates[warp] = Packed{best, best_key, column | static_cast<uint32_t>(pick(match, best_slot) + 1) << 16};
+        candidates[warp] = Candidate{best, best_key, column | static_cast<uint32_t>(pick(match, best_slot) + 1) << 16};
       }
       __syncthreads();
-      Packed x[kMaxWarps];
+      Candidate x[kMaxWarps];
 #pragma unroll
       for (int w = 0; w < kMaxWarps; ++w) x[w] = candidates[w];
 #pragma unroll
@@ -474,7 +307,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
           if (lsap::chosen_before(x[w + span].cost, x[w + span].key, x[w].cost, x[w].key)) x[w] = x[w + span];
         }
       }
-      const Packed chosen = x[0];
+      const Candidate chosen = x[0];
       ++round;
       min_val = chosen.cost;
       if (min_val == lsap::kInf) {  // every column left is out of reach
@@ -671,12 +504,6 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
   if (lane == 0) info[b] = lsap::kSolved;
 }
 
-// LUCID_LSAP_CACHED=1: lsap_cached instead of lsap_registers (not yet checked on a GPU; read at each call).
-bool cached_solver() {
-  const char* flag = std::getenv("LUCID_LSAP_CACHED");
-  return flag != nullptr && flag[0] == '1';
-}
-
 void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes, at::Tensor& rows,
                 at::Tensor& cols, at::Tensor& info) {
   const c10::cuda::CUDAGuard guard(cost.device());
@@ -702,47 +529,30 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     // up to 1,024 columns: W warps with up to L columns a thread, W growing first (2 columns a thread up to 512)
-    const int64_t warps_auto = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
-    const int64_t warps = warps_auto;
+    const int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
     const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
-    const auto launch_registers = [&](auto kernel) {
-      const int64_t smem = RowState::bytes(nr, nc);
-      kernel<<<static_cast<unsigned>(d.B), static_cast<unsigned>(kWarp * warps), static_cast<size_t>(smem),
-               stream>>>(c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(),
-                         info.data_ptr<int32_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    if (cached_solver()) {
-      // LUCID_LSAP_WARPS=W (experiment): W warps instead, where W warps of up to 4 columns a thread hold the problem
-      const char* w_env = std::getenv("LUCID_LSAP_WARPS");
-      const int64_t w_want = w_env ? std::atoi(w_env) : 0;
-      const int64_t warps = w_want >= 1 && w_want <= kMaxWarps && 4 * kWarp * w_want >= nc ? w_want : warps_auto;
-      const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
-      // shared memory for the cache: what the SM holds, shared by the blocks that must run on it at once
+    if (per_thread <= 4) {
+      // shared memory for the cache of rows: what the SM holds, shared by the blocks that must run on it at once
       const auto* props = at::cuda::getCurrentDeviceProperties();
       const int64_t per_sm = (d.B + props->multiProcessorCount - 1) / props->multiProcessorCount;
       const int64_t room = std::min<int64_t>(props->sharedMemPerBlockOptin,
                                              static_cast<int64_t>(props->sharedMemPerMultiprocessor) / per_sm -
                                                  static_cast<int64_t>(props->reservedSharedMemPerBlock));
-      const int64_t state = CachedState::state_bytes(nr, nc), row_bytes = nc * static_cast<int64_t>(sizeof(T));
-      const int64_t cache_rows = std::clamp<int64_t>((room - state) / row_bytes, 0, nr);
+      const int64_t state = RowState::state_bytes(nr, nc), row_bytes = nc * static_cast<int64_t>(sizeof(T));
+      const int64_t cache_rows = row_bytes > 0 ? std::clamp<int64_t>((room - state) / row_bytes, 0, nr) : 0;
       const int64_t smem = state + cache_rows * row_bytes;
-      const auto launch_cached = [&](auto kernel) {
+      const auto launch = [&](auto kernel) {
         if (smem > 48 * 1024) raise_smem_limit(kernel, smem);
         kernel<<<static_cast<unsigned>(d.B), static_cast<unsigned>(kWarp * warps), static_cast<size_t>(smem),
                  stream>>>(c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, static_cast<int32_t>(cache_rows),
                            rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(), info.data_ptr<int32_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
-      if (per_thread <= 1) return launch_cached(lsap_cached<T, 1>);
-      if (per_thread <= 2) return launch_cached(lsap_cached<T, 2>);
-      if (per_thread <= 3) return launch_cached(lsap_cached<T, 3>);
-      if (per_thread <= 4) return launch_cached(lsap_cached<T, 4>);
+      if (per_thread <= 1) return launch(lsap_registers<T, 1>);
+      if (per_thread <= 2) return launch(lsap_registers<T, 2>);
+      if (per_thread <= 3) return launch(lsap_registers<T, 3>);
+      return launch(lsap_registers<T, 4>);
     }
-    if (per_thread <= 1) return launch_registers(lsap_registers<T, 1>);
-    if (per_thread <= 2) return launch_registers(lsap_registers<T, 2>);
-    if (per_thread <= 3) return launch_registers(lsap_registers<T, 3>);
-    if (per_thread <= 4) return launch_registers(lsap_registers<T, 4>);
     // wider problems: the state in shared memory, or in a global workspace when too large for it
     const int64_t state_bytes = State::bytes(nr, nc);
     const bool in_smem = state_bytes <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
