@@ -89,4 +89,4 @@ def pairs_to_columns(rows: torch.Tensor, cols: torch.Tensor, n_rows: int) -> tor
     """(B, K) pairs in SciPy's form (-1 after the last) to the (B, R) column of each row (-1 for none), on the device,
     without synchronising."""
     out = rows.new_full((rows.shape[0], n_rows + 1), -1)
-    return out.scatter_(1, torch.where(rows >= 0, rows, n_rows), cols)[:, :n_rows]
+    return out.scatter_(1, rows.remainder(n_rows + 1), cols)[:, :n_rows]  # -1 (no pair) to the spare column n_rows
