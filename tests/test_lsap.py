@@ -141,6 +141,44 @@ def _op(backend):
     return lucid_assign.ops.linear_sum_assignment
 
 
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b.values[0][0] == "kernel"])
+def test_seeded_fuzz_equals_scipy(backend):
+    """A seeded fuzz of the op against SciPy: batches of every kind of cost (near ties among them, and a DETR
+    trainer's), every dtype the op takes, ragged sizes on the cost's device, tall and wide problems of 1 to 700
+    columns (on CUDA up to 1,024 rows, so that some problems fill only part of the solver's cache of rows)."""
+    from lucid_assign.synthetic import detr_costs
+
+    kind_, device = backend
+    g = torch.Generator().manual_seed(2026)
+    draw = lambda lo, hi: int(torch.randint(lo, hi + 1, (1,), generator=g))  # noqa: E731
+    big = 1024 if device == "cuda" else 160
+    kinds = ("uniform", "ties", "forbidden", "near", "negative", "untrained")
+    dtypes = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+    for n in range(36):
+        kind, dtype = kinds[n % len(kinds)], dtypes[n // len(kinds) % len(dtypes)]
+        B = draw(1, 3)
+        R, C = (draw(1, 12), draw(1, 12)) if n % 3 == 0 else (draw(1, big), draw(1, min(big, 700)))
+        if kind == "near":  # ties after rounding, and values a few ulps apart
+            cost = (1 + torch.rand(B, R, C, generator=g, dtype=torch.float64) * 1e-6).to(dtype)
+        elif kind == "untrained":
+            cost = detr_costs(B, max(R, C), min(R, C), kind="untrained", seed=n).to(dtype)
+        else:
+            cost = torch.stack([problem(kind, R, C, g) for _ in range(B)]).to(dtype)
+        R, C = cost.shape[1:]
+        sizes = torch.randint(0, C + 1, (B,), generator=g) if n % 2 else None
+        rows, cols, info = _op(backend)(cost.to(device), None if sizes is None else sizes.to(device))
+        for b in range(B):
+            w = C if sizes is None else int(sizes[b])
+            want = scipy_pairs(cost[b, :, :w]) if w > 0 else ([], [])
+            if isinstance(want, str):
+                assert info[b].item() == lsap.INFEASIBLE and (rows[b] == -1).all(), (n, kind, dtype, b)
+                continue
+            k = len(want[0])
+            assert info[b].item() == 0, (n, kind, dtype, b)
+            assert (rows[b, :k].tolist(), cols[b, :k].tolist()) == want, (n, kind, dtype, (R, C), w, b)
+            assert (rows[b, k:] == -1).all()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn))
 def test_other_dtypes_are_widened_exactly(backend, dtype):
