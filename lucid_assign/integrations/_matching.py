@@ -126,11 +126,11 @@ def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int =
     """Each image's matches from the op's (layers * problems, K) outputs: (queries ascending, their objects), int64
     on the device, image after image, layer after layer; the objects indexed in their image, or among the batch's
     (``batch_objects``, the peer's form)."""
+    split = where.per_image * layers
     if rows.device.type in MATCHES_OP_DEVICES and _library.loaded():  # one implementation, every backend
         queries, objects = torch.ops.lucid.matches(rows, cols, where.pairs,
                                                    where.query_offset if where.groups > 1 else None,
                                                    where.object_offset if batch_objects else None, layers)
-        split = where.per_image * layers
         return list(zip(queries.split_with_sizes(split), objects.split_with_sizes(split)))
     queries = rows.reshape(layers, -1).index_select(1, where.pairs)
     if where.groups > 1:
@@ -138,7 +138,6 @@ def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int =
     objects = cols.reshape(layers, -1).index_select(1, where.pairs)
     if batch_objects:
         objects.add_(where.object_offset)
-    split = where.per_image * layers
     return list(zip(queries.view(-1).split_with_sizes(split), objects.view(-1).split_with_sizes(split)))
 
 
