@@ -109,6 +109,9 @@ LUCID_HD bool scan_takes(double cost, double lowest, IsFree is_free) {
 // matched columns by ascending position (the scan keeps the first). Positions are below 2^30 (kMaxSide).
 constexpr uint32_t kMatchedKeys = 0x40000000u;
 constexpr uint32_t kNoColumn = 0xFFFFFFFFu;  // a lane with no column left: after every column
+// A lane that read NaN or -inf in the row a search starts from offers (-inf, kInvalidKey), before every column: no
+// column's key is 0 (positions stay below kMaxSide), so the chosen key says the problem is refused.
+constexpr uint32_t kInvalidKey = 0u;
 
 LUCID_HD uint32_t scan_key(bool free, int32_t position) {
   return free ? kMatchedKeys - 1u - static_cast<uint32_t>(position) : kMatchedKeys + static_cast<uint32_t>(position);

@@ -248,6 +248,27 @@ def test_errors_have_scipy_words(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", [(2, 2), (6, 40), (40, 6), (300, 10), (3, 1100), (1100, 3)])
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_refused_before_infeasible(backend, shape, bad):
+    """SciPy checks the whole cost before it solves: a problem whose first search finds no column in reach (its first
+    row, in the orientation solved, all +inf) and that holds NaN or -inf only in its last row is refused, not
+    infeasible; without the bad entry it is infeasible. Wide and tall problems of every CUDA solver path."""
+    rows, cols = shape
+    cost = (torch.rand(rows, cols, generator=torch.Generator().manual_seed(rows * cols)) * 4).round()
+    first, last = (cost[0], cost[-1]) if rows <= cols else (cost[:, 0], cost[:, -1])
+    first.fill_(float("inf"))
+    assert scipy_pairs(cost) == "cost matrix is infeasible"
+    assert solve(backend, cost[None])[0].tolist() == [-1] * rows
+    with pytest.raises(ValueError, match="^cost matrix is infeasible$"):
+        matching.linear_sum_assignment(cost.to(backend[1]), backend=backend[0])
+    last[len(last) // 2] = bad
+    assert scipy_pairs(cost) == "matrix contains invalid numeric entries"
+    with pytest.raises(ValueError, match="^matrix contains invalid numeric entries$"):
+        matching.linear_sum_assignment(cost.to(backend[1]), backend=backend[0])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_arguments_name_the_argument(backend):
     kind, device = backend
     if kind == "kernel":

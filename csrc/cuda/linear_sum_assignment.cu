@@ -10,8 +10,10 @@
 // barrier a step. A step is a chain of dependent instructions (Nsight Compute: each waits on the one before), so
 // several warps (on the SM's four schedulers) with few columns each beat one warp with many.
 // lsap_memory (any size): one warp, the state in shared memory, or in a global workspace for problems too large for
-// it. Before either, a pass over every problem marks the ones holding NaN or -inf, as SciPy refuses them before it
-// solves. Nothing is read back to the host.
+// it. SciPy refuses a cost holding NaN or -inf before it solves; each solver checks each row at the first step of the
+// search that starts from it (every row starts one, and is read whole there), and, where a search finds no column in
+// reach, the rows after it, so that such a problem ends refused, never infeasible. One launch; nothing is read back
+// to the host.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -56,7 +58,7 @@ struct Costs {
 };
 
 // The problem's columns (its width) and whether the solver has work, before any solver runs: -1 pairs, and info for
-// the problems that end here (lsap::start_problem; the check pass marked NaN or -inf before).
+// the problems that end here (lsap::start_problem).
 __device__ bool start_problem(int64_t b, int thread, int threads, int64_t R, int64_t C, const int64_t* sizes,
                               int64_t K, int64_t* rows, int64_t* cols, int32_t* info, int64_t& width) {
   for (int64_t k = thread; k < K; k += threads) rows[k] = cols[k] = -1;
@@ -65,7 +67,6 @@ __device__ bool start_problem(int64_t b, int thread, int threads, int64_t R, int
     if (thread == 0) info[b] = ended;
     return false;
   }
-  if (info[b] == lsap::kInvalidEntry) return false;  // SciPy refuses NaN and -inf before it solves
   if (ended == lsap::kSolved) {
     if (thread == 0) info[b] = lsap::kSolved;
     return false;
@@ -73,19 +74,18 @@ __device__ bool start_problem(int64_t b, int thread, int threads, int64_t R, int
   return true;
 }
 
-// The check pass: info[b] = kInvalidEntry where problem b (its valid columns) holds NaN or -inf; info starts at 0.
-// Every thread that finds one stores the same value.
-template <typename T>
-__global__ void lsap_check_kernel(const T* __restrict__ cost, int64_t B, int64_t R, int64_t C,
-                                  const int64_t* __restrict__ sizes, int32_t* __restrict__ info) {
-  const int64_t n = B * R * C;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t b = e / (R * C), c = e % C;
-    if (c < (sizes ? sizes[b] : C) && lsap::invalid_entry(static_cast<double>(cost[e]))) {
-      info[b] = lsap::kInvalidEntry;
-    }
+// How a search that found no column in reach ends the problem: refused where a row after `cur` (rows up to `cur`
+// were checked by their searches) holds NaN or -inf, as SciPy checks the whole cost first, else infeasible. Each of
+// `threads` workers (this one is `worker`) reads its columns t = worker + threads k of those rows; `any(found)` is
+// true where any worker found one.
+template <typename T, typename Any>
+__device__ int32_t unreachable_ends(const Costs<T>& at, int64_t cur, int64_t nr, int64_t nc, int worker, int threads,
+                                    Any any) {
+  bool found = false;
+  for (int64_t i = cur + 1; i < nr && !found; ++i) {
+    for (int64_t t = worker; t < nc; t += threads) found |= lsap::invalid_entry(at(i, t));
   }
+  return any(found) ? lsap::kInvalidEntry : lsap::kInfeasible;
 }
 
 // SciPy's (row_ind, col_ind) of a solved problem (lsap::write_pairs): a problem in the solver's orientation by every
@@ -147,14 +147,6 @@ __device__ __forceinline__ V pick(const V (&a)[L], int slot) {
     if (k == slot) out = a[k];
   }
   return out;
-}
-
-template <int L, typename V>
-__device__ __forceinline__ void put(V (&a)[L], int slot, V value) {
-#pragma unroll
-  for (int k = 0; k < L; ++k) {
-    if (k == slot) a[k] = value;
-  }
 }
 
 constexpr int kMaxWarps = 8;  // lsap_registers' largest block: 256 threads
@@ -240,12 +232,14 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
   int32_t round = 0;
   for (int32_t cur = 0; cur < nr; ++cur) {
     T first[L];
+    bool invalid = false;  // NaN or -inf among this thread's columns of row cur: offered at the search's first step
 #pragma unroll
     for (int k = 0; k < L; ++k) {
       const int32_t t = tid + threads * k;
       first[k] = next[k];
       spc[k] = lsap::kInf;
       pos[k] = t < nc ? nc - 1 - t : kAbsent;
+      if (t < nc) invalid |= lsap::invalid_entry(static_cast<double>(first[k]));
       if (cur < cached && t < nc) cache[static_cast<int64_t>(cur) * nc + t] = first[k];
     }
     if (cur + 1 < nr) {
@@ -291,6 +285,10 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
           best_slot = k;
         }
       }
+      if (invalid) {  // only ever at a search's first step: the problem ends there
+        best = -lsap::kInf;
+        best_key = lsap::kInvalidKey;
+      }
       Candidate* candidates = s.candidates + (round & 1) * kMaxWarps;
       if (lane == warp_winner(best, best_key)) {
         const uint32_t column = static_cast<uint32_t>(tid + threads * best_slot);
@@ -310,8 +308,14 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
       const Candidate chosen = x[0];
       ++round;
       min_val = chosen.cost;
+      if (chosen.key == lsap::kInvalidKey) {  // row cur holds NaN or -inf
+        if (tid == 0) info[b] = lsap::kInvalidEntry;
+        return;
+      }
       if (min_val == lsap::kInf) {  // every column left is out of reach
-        if (tid == 0) info[b] = lsap::kInfeasible;
+        const auto any = [](bool found) { return __syncthreads_or(found) != 0; };
+        const int32_t ended = unreachable_ends(at, cur, nr, nc, tid, threads, any);
+        if (tid == 0) info[b] = ended;
         return;
       }
       const int32_t p = lsap::key_position(chosen.key);
@@ -321,8 +325,8 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
 #pragma unroll
       for (int k = 0; k < L; ++k) {
         if (pos[k] == left) pos[k] = p;
+        if (tid + threads * k == column) pos[k] = kOnTree;  // the chosen column onto the tree, found without dividing
       }
-      if (column % threads == tid) put(pos, column / threads, kOnTree);
       if (row == -1) {
         sink = column;
       } else {
@@ -442,10 +446,13 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
       const double u_i = s.u[i];
       double best = lsap::kInf;
       uint32_t best_key = lsap::kNoColumn;
+      bool invalid = false;  // NaN or -inf in row cur, read whole at the search's first step
       for (int64_t t = lane; t < nc; t += kWarp) {
         const int32_t p = s.position[t];
         if (p < 0) continue;
-        const double r = lsap::path_cost(min_val, at(i, t), u_i, s.v[t]);
+        const double c = at(i, t);
+        invalid |= i == cur && lsap::invalid_entry(c);
+        const double r = lsap::path_cost(min_val, c, u_i, s.v[t]);
         double d = s.spc[t];
         if (r < d) {
           s.path[t] = static_cast<int32_t>(i);
@@ -457,9 +464,19 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
           best_key = key;
         }
       }
+      if (invalid) {
+        best = -lsap::kInf;
+        best_key = lsap::kInvalidKey;
+      }
       warp_choose(best, best_key);
+      if (best_key == lsap::kInvalidKey) {
+        if (lane == 0) info[b] = lsap::kInvalidEntry;
+        return;
+      }
       if (best == lsap::kInf) {  // every column left is out of reach
-        if (lane == 0) info[b] = lsap::kInfeasible;
+        const auto any = [](bool found) { return __any_sync(kFull, found) != 0; };
+        const int32_t ended = unreachable_ends(at, cur, nr, nc, lane, kWarp, any);
+        if (lane == 0) info[b] = ended;
         return;
       }
       min_val = best;
@@ -511,35 +528,31 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
   const auto c = cost.contiguous();
   // sizes on the CPU were checked by check_linear_sum_assignment_args; their copy does not wait for the GPU
   const auto n = sizes.has_value() ? sizes->to(cost.device(), at::kLong, /*non_blocking=*/true) : at::Tensor();
-  // tall problems are solved transposed: a transposed copy makes each of their rows contiguous
-  const bool some_tall = d.R > 1 && (sizes.has_value() || d.C < d.R);
-  const auto ct = some_tall ? c.transpose(-1, -2).contiguous() : at::Tensor();
   const int64_t nr = d.K, nc = std::max(d.R, d.C);
   const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto* props = at::cuda::getCurrentDeviceProperties();
   const int64_t* n_ptr = n.defined() ? n.data_ptr<int64_t>() : nullptr;
+  // up to 1,024 columns, lsap_registers: W warps with up to L columns a thread, W growing first (2 columns a thread up
+  // to 512), and the rows it reads kept in shared memory where they fit: what the SM holds, shared by the blocks that
+  // must run on it at once
+  const int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
+  const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
+  const int64_t per_sm = (d.B + props->multiProcessorCount - 1) / props->multiProcessorCount;
+  const int64_t room = std::min<int64_t>(props->sharedMemPerBlockOptin,
+                                         static_cast<int64_t>(props->sharedMemPerMultiprocessor) / per_sm -
+                                             static_cast<int64_t>(props->reservedSharedMemPerBlock));
+  const int64_t state = RowState::state_bytes(nr, nc), row_bytes = nc * static_cast<int64_t>(c.element_size());
+  const int64_t cache_rows = row_bytes > 0 ? std::clamp<int64_t>((room - state) / row_bytes, 0, nr) : 0;
+  // tall problems are solved transposed: a transposed copy makes each of their rows contiguous, unless every row
+  // goes to the cache at its first read (strided reads then happen once a row, ahead of the search that needs it)
+  const bool some_tall = d.R > 1 && (sizes.has_value() || d.C < d.R);
+  const bool all_cached = per_thread <= 4 && cache_rows >= nr;
+  const auto ct = some_tall && !all_cached ? c.transpose(-1, -2).contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "linear_sum_assignment_cuda", [&] {
     using T = scalar_t;
     const T* c_ptr = c.data_ptr<T>();
     const T* ct_ptr = ct.defined() ? ct.data_ptr<T>() : nullptr;
-    const int64_t elements = d.B * d.R * d.C;
-    if (elements > 0) {
-      const int64_t sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-      const unsigned grid = static_cast<unsigned>(std::min<int64_t>(blocks_for(elements), 8 * sms));
-      lsap_check_kernel<T><<<grid, kThreads, 0, stream>>>(c_ptr, d.B, d.R, d.C, n_ptr, info.data_ptr<int32_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-    // up to 1,024 columns: W warps with up to L columns a thread, W growing first (2 columns a thread up to 512)
-    const int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
-    const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
     if (per_thread <= 4) {
-      // shared memory for the cache of rows: what the SM holds, shared by the blocks that must run on it at once
-      const auto* props = at::cuda::getCurrentDeviceProperties();
-      const int64_t per_sm = (d.B + props->multiProcessorCount - 1) / props->multiProcessorCount;
-      const int64_t room = std::min<int64_t>(props->sharedMemPerBlockOptin,
-                                             static_cast<int64_t>(props->sharedMemPerMultiprocessor) / per_sm -
-                                                 static_cast<int64_t>(props->reservedSharedMemPerBlock));
-      const int64_t state = RowState::state_bytes(nr, nc), row_bytes = nc * static_cast<int64_t>(sizeof(T));
-      const int64_t cache_rows = row_bytes > 0 ? std::clamp<int64_t>((room - state) / row_bytes, 0, nr) : 0;
       const int64_t smem = state + cache_rows * row_bytes;
       const auto launch = [&](auto kernel) {
         if (smem > 48 * 1024) raise_smem_limit(kernel, smem);
@@ -555,7 +568,7 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
     }
     // wider problems: the state in shared memory, or in a global workspace when too large for it
     const int64_t state_bytes = State::bytes(nr, nc);
-    const bool in_smem = state_bytes <= at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin;
+    const bool in_smem = state_bytes <= props->sharedMemPerBlockOptin;
     const auto workspace = in_smem ? at::Tensor() : at::empty({d.B * state_bytes}, cost.options().dtype(at::kByte));
     const auto kernel = lsap_memory<T>;
     const int64_t smem = in_smem ? state_bytes : 0;
