@@ -82,26 +82,44 @@ struct Entries {
   }
 };
 
+using Outputs2 = std::tuple<at::Tensor, at::Tensor>;
 using Outputs3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
-// A backend's solve of a checked batch of d.B >= 1 problems: rows and cols (B, K) to fill, info (B,) zeroed.
+// A backend's solve of a checked batch of d.B >= 1 problems: each problem's result to `out` (lsap::Result), and
+// info (B,) to fill, every problem's.
 using SolveFn = void (*)(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes,
-                         at::Tensor& rows, at::Tensor& cols, at::Tensor& info);
+                         const lsap::Result& out, at::Tensor& info);
 
 template <SolveFn solve>
 struct LsapEntry {
+  // SciPy's pairs: (rows, cols, info)
   static Outputs3 linear_sum_assignment(const at::Tensor& cost, const std::optional<at::Tensor>& sizes) {
     const LsapDims d = check_linear_sum_assignment_args(cost, sizes);
     const auto index_opts = cost.options().dtype(at::kLong);
     auto rows = at::empty({d.B, d.K}, index_opts);
     auto cols = at::empty({d.B, d.K}, index_opts);
-    auto info = at::empty({d.B}, cost.options().dtype(at::kInt));  // every backend writes every problem's
-    if (d.B > 0) solve(d, cost, sizes, rows, cols, info);
+    auto info = at::empty({d.B}, cost.options().dtype(at::kInt));
+    const lsap::Result out{rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(), nullptr, d.K, d.R, false};
+    if (d.B > 0) solve(d, cost, sizes, out, info);
     if (!d.batched) return {rows.squeeze(0), cols.squeeze(0), info.squeeze(0)};
     return {rows, cols, info};
   }
 
-  static void register_in(torch::Library& m) { m.impl("linear_sum_assignment", &linear_sum_assignment); }
+  // each row's column: (columns, info)
+  static Outputs2 columns(const at::Tensor& cost, const std::optional<at::Tensor>& sizes) {
+    const LsapDims d = check_linear_sum_assignment_args(cost, sizes);
+    auto columns = at::empty({d.B, d.R}, cost.options().dtype(at::kLong));
+    auto info = at::empty({d.B}, cost.options().dtype(at::kInt));
+    const lsap::Result out{nullptr, nullptr, columns.data_ptr<int64_t>(), d.K, d.R, true};
+    if (d.B > 0) solve(d, cost, sizes, out, info);
+    if (!d.batched) return {columns.squeeze(0), info.squeeze(0)};
+    return {columns, info};
+  }
+
+  static void register_in(torch::Library& m) {
+    m.impl("linear_sum_assignment", &linear_sum_assignment);
+    m.impl("linear_sum_assignment.columns", &columns);
+  }
 };
 
 }  // namespace lucid

@@ -95,6 +95,40 @@ LUCID_HD void write_pairs(bool transposed, int64_t nr, int64_t nc, int lane, int
   }
 }
 
+// The other form of a solved problem's result, each row's column (the row form of the Python API's batches): for a
+// problem solved as it is, column col_of(r) of each of its nr rows; solved transposed (its columns the original
+// rows), row_of(t) of each of its nc columns (-1: none). Written by `lanes` workers together (this one is `lane`).
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <typename ColOf, typename RowOf>
+LUCID_HD void write_columns(bool transposed, int64_t nr, int64_t nc, int lane, int lanes, ColOf col_of, RowOf row_of,
+                            int64_t* columns) {
+  const int64_t n = transposed ? nc : nr;
+  for (int64_t r = lane; r < n; r += lanes) columns[r] = transposed ? row_of(r) : col_of(r);
+}
+
+// Where one problem's result goes: SciPy's pairs (rows and cols, K each, -1 after the last), or, `per_row`, each of
+// its R rows' column (-1: none) in `columns`. clear() writes the result of a problem with no pairs.
+struct Result {
+  int64_t* rows;
+  int64_t* cols;
+  int64_t* columns;
+  int64_t K, R;
+  bool per_row;
+  LUCID_HD Result at(int64_t b) const {
+    return per_row ? Result{nullptr, nullptr, columns + b * R, K, R, true}
+                   : Result{rows + b * K, cols + b * K, nullptr, K, R, false};
+  }
+  LUCID_HD void clear(int lane, int lanes) const {
+    if (per_row) {
+      for (int64_t r = lane; r < R; r += lanes) columns[r] = -1;
+    } else {
+      for (int64_t k = lane; k < K; k += lanes) rows[k] = cols[k] = -1;
+    }
+  }
+};
+
 // SciPy's scan over the columns not yet on the tree, in the order of its `remaining` list: a column is taken when
 // its shortest-path cost is below the lowest so far, or equal to it and the column is free (unmatched; `is_free()`
 // is asked only then, as SciPy reads the match only then). The CPU solver scans in that order with this rule.

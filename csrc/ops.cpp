@@ -72,6 +72,9 @@ TORCH_LIBRARY(lucid, m) {
   // infeasible, a size out of range), the problem's pairs then all -1. It never raises on the cost's values and never
   // synchronises.
   m.def("linear_sum_assignment(Tensor cost, Tensor? sizes=None) -> (Tensor, Tensor, Tensor)");
+  // The same solve, its result by row: (columns, info), columns (R,) or (B, R) int64, the column matched to each row
+  // of each problem (-1: none; all -1 where info is not 0), the form of lucid_assign.linear_sum_assignment's batches.
+  m.def("linear_sum_assignment.columns(Tensor cost, Tensor? sizes=None) -> (Tensor, Tensor)");
 
   // The DETR matching cost, the peer's RT-DETR matcher's (docs/spec.md, "DETR matching cost"; detr_cost.h), in one
   // pass: (B, Q, width) float32, entry (b, q, j) the cost of query q of image b against object j of that image
@@ -115,7 +118,8 @@ TORCH_LIBRARY(lucid, m) {
 TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op :
        {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose",
-        "assign_seg", "linear_sum_assignment", "detr_cost", "detr_cost.family", "detr_cost.class_terms"}) {
+        "assign_seg", "linear_sum_assignment", "linear_sum_assignment.columns", "detr_cost", "detr_cost.family",
+        "detr_cost.class_terms"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

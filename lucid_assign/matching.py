@@ -74,12 +74,16 @@ def linear_sum_assignment(cost: torch.Tensor, sizes=None, *, maximize: bool = Fa
         cost = -cost  # exact in every float dtype; a new tensor, the caller's is left as it is
     if sizes is not None and not isinstance(sizes, torch.Tensor):
         sizes = checks.sizes_tensor(sizes)  # on the CPU: checked at the call, no synchronisation
-    rows, cols, info = solve(cost, sizes, backend)
-    if cost.dim() == 2:
-        n = min(cost.shape)
-        out = rows[:n], cols[:n]
+    chosen = dispatch.choice(backend, ("linear_sum_assignment", cost.device.type))
+    if chosen == "kernel" and cost.dim() == 3:
+        out, info = ops.linear_sum_assignment_columns(cost, sizes)  # the op writes each row's column itself
     else:
-        out = pairs_to_columns(rows, cols, cost.shape[1])  # launched before the status is read, not after
+        rows, cols, info = run(chosen, cost, sizes)
+        if cost.dim() == 2:
+            n = min(cost.shape)
+            out = rows[:n], cols[:n]
+        else:
+            out = pairs_to_columns(rows, cols, cost.shape[1])  # launched before the status is read, not after
     if check:
         raise_unsolved(info)
     return out

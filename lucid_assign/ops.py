@@ -212,6 +212,14 @@ def linear_sum_assignment(cost: torch.Tensor, sizes: torch.Tensor | None = None)
     return torch.ops.lucid.linear_sum_assignment.default(cost, sizes)
 
 
+def linear_sum_assignment_columns(cost: torch.Tensor, sizes: torch.Tensor | None = None):
+    """``torch.ops.lucid.linear_sum_assignment.columns``: linear_sum_assignment's solve, its result by row, with no
+    host synchronisation. Returns ``(columns, info)``: columns (R,) or (B, R) int64, the column matched to each row
+    (-1: none; all -1 where info is not 0), info as linear_sum_assignment's."""
+    _require("linear_sum_assignment")
+    return torch.ops.lucid.linear_sum_assignment.columns(cost, sizes)
+
+
 def detr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: torch.Tensor, gt_cls: torch.Tensor,
                 sizes: torch.Tensor, width: int, gains, alpha: float, gamma: float, *, sanitize: bool = True,
                 l1_order: int = 1) -> torch.Tensor:
@@ -377,17 +385,26 @@ if _library.loaded():
         return _assign_fake(pd_scores, pd_bboxes, anc_points, gt_labels, gt_bboxes, mask_gt, topk, topk2, num_classes,
                             alpha, beta, eps, stride_val)
 
-    @torch.library.register_fake("lucid::linear_sum_assignment")
-    def _linear_sum_assignment_fake(cost, sizes=None):
+    def _lsap_fake_checks(cost, sizes):
         torch._check_value(cost.dim() in (2, 3), lambda: f"cost must be (R, C) or (B, R, C), got {tuple(cost.shape)}")
         if sizes is not None:
             torch._check_value(cost.dim() == 3 and tuple(sizes.shape) == tuple(cost.shape[:1]),
                                lambda: f"sizes must be (B,) for a batch of costs {tuple(cost.shape)}, got "
                                        f"{tuple(sizes.shape)}")
+
+    @torch.library.register_fake("lucid::linear_sum_assignment")
+    def _linear_sum_assignment_fake(cost, sizes=None):
+        _lsap_fake_checks(cost, sizes)
         lead, (rows, cols) = tuple(cost.shape[:-2]), cost.shape[-2:]
         k = torch.sym_min(rows, cols)
         pairs = cost.new_empty((*lead, k), dtype=torch.long)
         return pairs, torch.empty_like(pairs), cost.new_empty(lead, dtype=torch.int32)
+
+    @torch.library.register_fake("lucid::linear_sum_assignment.columns")
+    def _linear_sum_assignment_columns_fake(cost, sizes=None):
+        _lsap_fake_checks(cost, sizes)
+        lead = tuple(cost.shape[:-2])
+        return cost.new_empty((*lead, cost.shape[-2]), dtype=torch.long), cost.new_empty(lead, dtype=torch.int32)
 
     @torch.library.register_fake("lucid::detr_cost")
     def _detr_cost_fake(pred_bboxes, pred_scores, gt_bboxes, gt_cls, sizes, width, gains, alpha, gamma,

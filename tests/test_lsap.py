@@ -349,6 +349,40 @@ def test_op_outputs_and_opcheck(library):
 
 
 @pytest.mark.parametrize("device", devices())
+def test_columns_form_equals_the_pairs(library, device):
+    """linear_sum_assignment.columns (each row's column) against the pairs of the same op turned into rows on the
+    host: wide, tall and square batches of every kind, ragged sizes on the CPU and on the device (one out of range
+    there), NaN and infeasible problems, matrices; and torch.library.opcheck."""
+    g = torch.Generator().manual_seed(12)
+    for rows, cols in ((1, 1), (3, 7), (7, 3), (40, 40), (300, 10), (5, 700), (60, 1100), (1100, 4), (0, 3), (3, 0)):
+        cost = torch.stack([problem(kind, rows, cols, g).float() for kind in KINDS])
+        if rows and cols:
+            cost[1, rows // 2, cols // 2] = float("nan")
+        sizes = torch.randint(0, cols + 1, (len(KINDS),), generator=g)
+        for s in (None, sizes, sizes.to(device)):
+            got, info = library.linear_sum_assignment_columns(cost.to(device), s)
+            r, c, want_info = library.linear_sum_assignment(cost.to(device), s)
+            assert torch.equal(info, want_info) and got.shape == (len(KINDS), rows), (rows, cols)
+            want = [[-1] * rows for _ in range(len(KINDS))]
+            for b in range(len(KINDS)):
+                for i, j in zip(r[b].tolist(), c[b].tolist()):
+                    if i >= 0:
+                        want[b][i] = j
+            assert got.tolist() == want, (rows, cols, s)
+        got, info = library.linear_sum_assignment_columns(cost[0].to(device))
+        r, c, _ = library.linear_sum_assignment(cost[0].to(device))
+        assert got.shape == (rows,) and info.shape == ()
+        assert got.tolist() == [dict(zip(r.tolist(), c.tolist())).get(i, -1) for i in range(rows)]
+    if device == "cuda":
+        bad = torch.tensor([4, 9], device=device)
+        got, info = library.linear_sum_assignment_columns(torch.rand(2, 5, 4, device=device), bad)
+        assert info.tolist() == [0, lsap.BAD_SIZE] and got[1].tolist() == [-1] * 5
+    cost = torch.rand(3, 4, 6, generator=g).to(device)
+    for args in [(cost, None), (cost, torch.tensor([6, 2, 0])), (cost[0], None), (cost.double().transpose(1, 2), None)]:
+        torch.library.opcheck(torch.ops.lucid.linear_sum_assignment.columns, args)
+
+
+@pytest.mark.parametrize("device", devices())
 def test_the_api_compiles_with_fullgraph(library, device):
     """lucid_assign.linear_sum_assignment with check=False (which reads nothing) under torch.compile(fullgraph=True):
     the eager results, with sizes as a list or a tensor, maximize and an integer cost."""
@@ -428,9 +462,10 @@ def test_cuda_large_problems_use_the_global_workspace(library):
 def test_sanitize_subset(library):
     """A small run of every path of the CUDA solver and of the DETR cost kernel (used under compute-sanitizer,
     scripts/check_cuda.sh): the register kernels of 1 to 4 columns a thread and 1 to 8 warps, wide and tall problems
-    (solved transposed, through the transposed copy), ragged sizes on the GPU (one out of range), NaN, an infeasible
-    problem, an empty one, one state in shared memory and one in the global workspace, and a problem of more rows
-    than shared memory holds (300 x 1,000 float32); each against SciPy."""
+    (solved transposed, with and without the transposed copy), both forms of the result (pairs, each row's column),
+    ragged sizes on the GPU (one out of range), NaN, an infeasible problem, an empty one, one state in shared memory
+    and one in the global workspace, and a problem of more rows than shared memory holds (300 x 1,000 float32); each
+    against SciPy."""
     g = torch.Generator().manual_seed(9)
     for rows, cols in ((3, 7), (20, 64), (60, 300), (5, 700), (40, 1024), (300, 1000), (3, 1100), (1100, 3),
                        (2, 8000)):
@@ -441,10 +476,14 @@ def test_sanitize_subset(library):
             cost[2, :, :] = float("inf")  # infeasible
             cost[2, 0, :] = 1.0  # ... unless a single row
         got = library.linear_sum_assignment(cost.cuda(), sizes.cuda())
+        by_row, info = library.linear_sum_assignment_columns(cost.cuda(), sizes.cuda())
+        assert torch.equal(info, got[2])
         for b in range(3):
             want = scipy_pairs(cost[b, :, : int(sizes[b])])
             pairs = (got[0][b][got[0][b] >= 0].tolist(), got[1][b][got[1][b] >= 0].tolist())
             assert (pairs if got[2][b] == 0 else lsap.INFO_MESSAGES[int(got[2][b])]) == want, (rows, cols, b)
+            matched = by_row[b] >= 0
+            assert (matched.nonzero().flatten().tolist(), by_row[b][matched].tolist()) == pairs, (rows, cols, b)
     bad = library.linear_sum_assignment(torch.rand(2, 4, 5, device="cuda"), torch.tensor([5, 6], device="cuda"))
     assert bad[2].tolist() == [0, lsap.BAD_SIZE]
     empty = library.linear_sum_assignment(torch.rand(2, 0, 5, device="cuda"))

@@ -106,12 +106,11 @@ class Solver {
   std::vector<char> in_rows_, in_cols_;
 };
 
-// Problem b of the batch: rows R, columns C (the row stride), solved into out_rows/out_cols (K each).
+// Problem b of the batch: rows R, columns C (the row stride), solved into `out` (this problem's lsap::Result).
 template <typename T>
-int32_t solve_problem(Solver& s, const T* cost, int64_t b, int64_t R, int64_t C, const int64_t* sizes, int64_t K,
-                      int64_t* out_rows, int64_t* out_cols) {
-  std::fill(out_rows, out_rows + K, -1);
-  std::fill(out_cols, out_cols + K, -1);
+int32_t solve_problem(Solver& s, const T* cost, int64_t b, int64_t R, int64_t C, const int64_t* sizes,
+                      const lsap::Result& out) {
+  out.clear(0, 1);
   int64_t cols = 0;
   const int32_t ended = lsap::start_problem(b, R, C, sizes, cols);
   if (ended >= 0) return ended;
@@ -131,26 +130,28 @@ int32_t solve_problem(Solver& s, const T* cost, int64_t b, int64_t R, int64_t C,
     total = matched ? 1 : 0;
     return 0;
   };
-  lsap::write_pairs(
-      transposed, nr, nc, 0, 1, [&](int64_t i) { return s.col4row()[i]; },
-      [&](int64_t t) { return s.row4col()[t]; }, one_lane, out_rows, out_cols);
+  const auto col_of = [&](int64_t i) { return s.col4row()[i]; };
+  const auto row_of = [&](int64_t t) { return s.row4col()[t]; };
+  if (out.per_row) {
+    lsap::write_columns(transposed, nr, nc, 0, 1, col_of, row_of, out.columns);
+  } else {
+    lsap::write_pairs(transposed, nr, nc, 0, 1, col_of, row_of, one_lane, out.rows, out.cols);
+  }
   return lsap::kSolved;
 }
 
-void solve_cpu(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes, at::Tensor& rows,
-               at::Tensor& cols, at::Tensor& info) {
+void solve_cpu(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes,
+               const lsap::Result& out, at::Tensor& info) {
   const auto c = cost.contiguous();
   const auto n = sizes.has_value() ? sizes->to(at::kLong).contiguous() : at::Tensor();
   const int64_t* n_ptr = n.defined() ? n.data_ptr<int64_t>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "linear_sum_assignment_cpu", [&] {
     const scalar_t* base = c.data_ptr<scalar_t>();
-    int64_t* r_ptr = rows.data_ptr<int64_t>();
-    int64_t* c_ptr = cols.data_ptr<int64_t>();
     int32_t* i_ptr = info.data_ptr<int32_t>();
     at::parallel_for(0, d.B, 1, [&](int64_t begin, int64_t end) {
       Solver s;
       for (int64_t b = begin; b < end; ++b) {
-        i_ptr[b] = solve_problem(s, base + b * d.R * d.C, b, d.R, d.C, n_ptr, d.K, r_ptr + b * d.K, c_ptr + b * d.K);
+        i_ptr[b] = solve_problem(s, base + b * d.R * d.C, b, d.R, d.C, n_ptr, out.at(b));
       }
     });
   });

@@ -57,11 +57,11 @@ struct Costs {
   }
 };
 
-// The problem's columns (its width) and whether the solver has work, before any solver runs: -1 pairs, and info for
-// the problems that end here (lsap::start_problem).
+// The problem's columns (its width) and whether the solver has work, before any solver runs: a result with no pairs
+// (`out`, this problem's), and info for the problems that end here (lsap::start_problem).
 __device__ bool start_problem(int64_t b, int thread, int threads, int64_t R, int64_t C, const int64_t* sizes,
-                              int64_t K, int64_t* rows, int64_t* cols, int32_t* info, int64_t& width) {
-  for (int64_t k = thread; k < K; k += threads) rows[k] = cols[k] = -1;
+                              const lsap::Result& out, int32_t* info, int64_t& width) {
+  out.clear(thread, threads);
   const int32_t ended = lsap::start_problem(b, R, C, sizes, width);
   if (ended == lsap::kBadSize) {
     if (thread == 0) info[b] = ended;
@@ -88,11 +88,15 @@ __device__ int32_t unreachable_ends(const Costs<T>& at, int64_t cur, int64_t nr,
   return any(found) ? lsap::kInvalidEntry : lsap::kInfeasible;
 }
 
-// SciPy's (row_ind, col_ind) of a solved problem (lsap::write_pairs): a problem in the solver's orientation by every
-// thread of the block, a transposed one by the first warp (its rounds' matched columns counted by a ballot).
+// A solved problem's result: each row's column (lsap::write_columns) by every thread of the block, or SciPy's
+// (row_ind, col_ind) (lsap::write_pairs): a problem in the solver's orientation by every thread of the block, a
+// transposed one by the first warp (its rounds' matched columns counted by a ballot).
 template <typename ColOf, typename RowOf>
 __device__ void write_results(bool transposed, int64_t nr, int64_t nc, int tid, int threads, ColOf col_of,
-                              RowOf row_of, int64_t* rows, int64_t* cols) {
+                              RowOf row_of, const lsap::Result& out) {
+  if (out.per_row) return lsap::write_columns(transposed, nr, nc, tid, threads, col_of, row_of, out.columns);
+  int64_t* rows = out.rows;
+  int64_t* cols = out.cols;
   const int lane = tid & (kWarp - 1);
   const auto ranks = [lane](bool matched, int64_t& total) -> int64_t {
     const unsigned ballot = __ballot_sync(kFull, matched);
@@ -195,16 +199,15 @@ struct RowState {
 template <typename T, int L>
 __global__ void __launch_bounds__(kMaxWarps * kWarp)
     lsap_registers(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
-                   const int64_t* __restrict__ sizes, int64_t K, int32_t cache_rows, int64_t* __restrict__ out_rows,
-                   int64_t* __restrict__ out_cols, int32_t* __restrict__ info) {
+                   const int64_t* __restrict__ sizes, int32_t cache_rows, const lsap::Result result,
+                   int32_t* __restrict__ info) {
   extern __shared__ __align__(16) char smem[];
   const int64_t b = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & (kWarp - 1), warp = tid / kWarp;
   const int threads = blockDim.x;
-  int64_t* rows = out_rows + b * K;
-  int64_t* cols = out_cols + b * K;
+  const lsap::Result out = result.at(b);
   int64_t width;
-  if (!start_problem(b, tid, threads, R, C, sizes, K, rows, cols, info, width)) return;
+  if (!start_problem(b, tid, threads, R, C, sizes, out, info, width)) return;
   const bool transposed = lsap::solved_transposed(R, width);
   const int32_t nr = static_cast<int32_t>(transposed ? width : R), nc = static_cast<int32_t>(transposed ? R : width);
   const Costs<T> at(cost, cost_t, b, R, C, transposed);
@@ -353,7 +356,7 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
   }
   write_results(
       transposed, nr, nc, tid, threads, [&](int64_t i) { return s.col4row[i]; },
-      [&](int64_t t) { return s.row4col[t]; }, rows, cols);
+      [&](int64_t t) { return s.row4col[t]; }, out);
   if (tid == 0) info[b] = lsap::kSolved;
 }
 
@@ -406,16 +409,14 @@ __device__ void warp_choose(double& cost, uint32_t& key) {
 template <typename T>
 __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost, const T* __restrict__ cost_t,
                                                       int64_t R, int64_t C, const int64_t* __restrict__ sizes,
-                                                      int64_t K, char* workspace, int64_t state_bytes,
-                                                      int64_t* __restrict__ out_rows, int64_t* __restrict__ out_cols,
+                                                      char* workspace, int64_t state_bytes, const lsap::Result result,
                                                       int32_t* __restrict__ info) {
   extern __shared__ __align__(16) char smem[];
   const int64_t b = blockIdx.x;
   const int lane = threadIdx.x;
-  int64_t* rows = out_rows + b * K;
-  int64_t* cols = out_cols + b * K;
+  const lsap::Result out = result.at(b);
   int64_t width;
-  if (!start_problem(b, lane, kWarp, R, C, sizes, K, rows, cols, info, width)) return;
+  if (!start_problem(b, lane, kWarp, R, C, sizes, out, info, width)) return;
   const bool transposed = lsap::solved_transposed(R, width);
   const int64_t nr = transposed ? width : R, nc = transposed ? R : width;
   const Costs<T> at(cost, cost_t, b, R, C, transposed);
@@ -517,12 +518,12 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
   }
   write_results(
       transposed, nr, nc, lane, kWarp, [&](int64_t i) { return s.col4row[i]; },
-      [&](int64_t t) { return s.row4col[t]; }, rows, cols);
+      [&](int64_t t) { return s.row4col[t]; }, out);
   if (lane == 0) info[b] = lsap::kSolved;
 }
 
-void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes, at::Tensor& rows,
-                at::Tensor& cols, at::Tensor& info) {
+void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes,
+                const lsap::Result& out, at::Tensor& info) {
   const c10::cuda::CUDAGuard guard(cost.device());
   TORCH_CHECK_VALUE(d.B <= std::numeric_limits<int32_t>::max(), "cost: at most 2^31 - 1 problems, got ", d.B);
   const auto c = cost.contiguous();
@@ -557,8 +558,8 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
       const auto launch = [&](auto kernel) {
         if (smem > 48 * 1024) raise_smem_limit(kernel, smem);
         kernel<<<static_cast<unsigned>(d.B), static_cast<unsigned>(kWarp * warps), static_cast<size_t>(smem),
-                 stream>>>(c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, static_cast<int32_t>(cache_rows),
-                           rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(), info.data_ptr<int32_t>());
+                 stream>>>(c_ptr, ct_ptr, d.R, d.C, n_ptr, static_cast<int32_t>(cache_rows), out,
+                           info.data_ptr<int32_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
       if (per_thread <= 1) return launch(lsap_registers<T, 1>);
@@ -574,8 +575,8 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
     const int64_t smem = in_smem ? state_bytes : 0;
     if (smem > 48 * 1024) raise_smem_limit(kernel, smem);
     kernel<<<static_cast<unsigned>(d.B), kWarp, static_cast<size_t>(smem), stream>>>(
-        c_ptr, ct_ptr, d.R, d.C, n_ptr, d.K, in_smem ? nullptr : static_cast<char*>(workspace.data_ptr()),
-        state_bytes, rows.data_ptr<int64_t>(), cols.data_ptr<int64_t>(), info.data_ptr<int32_t>());
+        c_ptr, ct_ptr, d.R, d.C, n_ptr, in_smem ? nullptr : static_cast<char*>(workspace.data_ptr()), state_bytes,
+        out, info.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
