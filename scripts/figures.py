@@ -46,7 +46,7 @@ def _command(args: dict) -> str:
         words.append("--objects " + " ".join(str(n) for n in args["objects"]))
     backends = args["backends"] if isinstance(args["backends"], str) else ",".join(args["backends"])
     words.append(f"--device {args['device']}")
-    if not (args["kind"] == "lsap" and backends == "reference,kernel,peer"):  # lsap's default: kernel, scipy, tla
+    if not (args["kind"] == "lsap" and backends == "reference,kernel,peer"):  # lsap's default: kernel, api, scipy, tla
         words.append(f"--backends {backends}")
     words.append(f"--reps {args['reps']}")
     return " ".join(words)
@@ -81,16 +81,20 @@ def _mem(nbytes: int) -> str:
 
 def table() -> str:
     records = _records()
-    envs = {(r["environment"]["gpu"], r["environment"]["torch"], r["environment"]["cuda"]) for r in records}
-    dates = sorted({r["environment"]["date"] for r in records})
-    lines = [BEGIN]
-    for gpu, torch_version, cuda in sorted(envs):
+    by_env = {}  # each machine's records, in the table's order
+    for r in records:
+        env = r["environment"]
+        by_env.setdefault((env["gpu"], env["torch"], env["cuda"]), []).append(r)
+    parts = []
+    for (gpu, torch_version, cuda), recs in by_env.items():
+        dates = sorted({r["environment"]["date"] for r in recs})
         when = " to ".join(dict.fromkeys([dates[0], dates[-1]]))
-        commands = ", ".join(f"`{_command(r['args'])}`" for r in records)
-        lines += _wrap(f"{gpu}, torch {torch_version} (CUDA {cuda}), {when}: {commands} (the median of the timed "
-                       "calls of the Python API, with CUDA events; peak memory from the caching allocator, outputs "
-                       "included; records in `docs/bench-cuda-*.json`, this table from them by `python "
-                       "scripts/figures.py`):")
+        commands = ", ".join(f"`{_command(r['args'])}`" for r in recs)
+        parts.append(f"{gpu}, torch {torch_version} (CUDA {cuda}), {when}: {commands}")
+    lines = [BEGIN]
+    lines += _wrap("; ".join(parts) + " (the median of the timed calls of the Python API, with CUDA events; peak "
+                   "memory from the caching allocator, outputs included; records in `docs/bench-cuda-*.json`, this "
+                   "table from them by `python scripts/figures.py`):")
     fits = _records("bench-fit-")
     if fits:
         lines += [""] + _wrap(_fit_header(fits))

@@ -370,3 +370,21 @@ def test_the_transformers_step_bench_writes_the_record_the_readme_rows_come_from
     header = module._step_header([rec])
     assert "`python bench/train_step_transformers.py --family detr --steps 1 --warmup 1 --out" in header
     assert f"transformers {rec['environment']['transformers']}" in header
+
+
+def test_the_figures_header_names_each_records_own_machine_and_date(monkeypatch):
+    """scripts/figures.py: records made on two machines: each command appears once, after its own machine and date."""
+    figures = _figures()
+
+    def record(gpu, date, kind):
+        env = dict(gpu=gpu, torch="2.11.0", cuda="13.0", date=date)
+        return dict(environment=env, args=dict(kind=kind, objects=[10], device="cuda", backends="kernel,peer", reps=5),
+                    results=[])
+
+    records = [record("GPU A", "2026-01-01", "obb"), record("GPU B", "2026-02-02", "hbb")]
+    monkeypatch.setattr(figures, "_records", lambda prefix="bench-cuda-": records if prefix == "bench-cuda-" else [])
+    header = " ".join(figures.table().splitlines()[1:4])
+    a = header.index("GPU A, torch 2.11.0 (CUDA 13.0), 2026-01-01:")
+    b = header.index("GPU B, torch 2.11.0 (CUDA 13.0), 2026-02-02:")
+    assert a < header.index("--kind obb") < b < header.index("--kind hbb")
+    assert header.count("--kind obb") == header.count("--kind hbb") == 1 and "2026-01-01 to" not in header
