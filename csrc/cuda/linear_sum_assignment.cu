@@ -4,8 +4,9 @@
 // remaining columns, the duals, the flip along the path) are SciPy's.
 //
 // Two kernels. lsap_registers (up to 1,024 columns): a block of up to 8 warps, each thread keeping its columns' state
-// in registers (at most 4 columns), reads each row of the cost in the solver's orientation (a transposed copy for tall
-// problems, so that a warp's reads are contiguous) and keeps the rows it has read in shared memory where they fit;
+// in registers (at most 4 columns), reads each row of the cost in the solver's orientation (for tall problems a
+// transposed copy, so that a warp's reads are contiguous, unless every row fits the cache) and keeps the rows it has
+// read in shared memory where they fit;
 // each step every warp settles its lanes by integer warp reductions and the warps' winners meet in shared memory, one
 // barrier a step. A step is a chain of dependent instructions (Nsight Compute: each waits on the one before), so
 // several warps (on the SM's four schedulers) with few columns each beat one warp with many.
