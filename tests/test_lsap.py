@@ -417,8 +417,8 @@ def test_cuda_sizes_out_of_range_are_reported_without_a_sync(library):
 
 @pytest.mark.cuda
 def test_cuda_no_sync_graphs_and_compile(library):
-    """No host synchronisation (sizes on the device or a list), a CUDA graph replays the op on new costs, and
-    torch.compile(fullgraph=True) gives the eager results."""
+    """No host synchronisation (sizes on the device or a list), a CUDA graph replays the op (both forms) on new
+    costs, and torch.compile(fullgraph=True) gives the eager results."""
     g = torch.Generator().manual_seed(6)
     cost = torch.rand(4, 300, 20, generator=g).cuda()
     sizes = torch.tensor([20, 7, 0, 13], device="cuda")
@@ -436,14 +436,17 @@ def test_cuda_no_sync_graphs_and_compile(library):
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         library.linear_sum_assignment(static, sizes)  # warm-up outside the capture
+        library.linear_sum_assignment_columns(static, sizes)
         with torch.cuda.graph(graph):
             out = library.linear_sum_assignment(static, sizes)
+            by_row = library.linear_sum_assignment_columns(static, sizes)
     torch.cuda.current_stream().wait_stream(stream)
     fresh = torch.rand(4, 300, 20, generator=g).cuda()
     static.copy_(fresh)
     graph.replay()
     want = library.linear_sum_assignment(fresh, sizes)
     assert all(torch.equal(a, b) for a, b in zip(out, want))
+    assert all(torch.equal(a, b) for a, b in zip(by_row, library.linear_sum_assignment_columns(fresh, sizes)))
     compiled = torch.compile(lambda c, s: library.linear_sum_assignment(c, s), fullgraph=True)
     assert all(torch.equal(a, b) for a, b in zip(compiled(cost, sizes), eager))
 
