@@ -9,15 +9,9 @@ import torch
 from . import checks, dispatch, lsap, ops
 
 
-def solve(cost: torch.Tensor, sizes: torch.Tensor | None, backend: str = "auto", on_unsupported=None):
-    """The op's outputs ``(row_ind, col_ind, info)`` for a batch of costs, from the backend that dispatch.choice picks
-    (the op, or the reference after checking the inputs); None where ``on_unsupported`` took the call."""
-    chosen = dispatch.choice(backend, ("linear_sum_assignment", cost.device.type), on_unsupported)
-    return None if chosen is None else run(chosen, cost, sizes)
-
-
 def run(chosen: str, cost: torch.Tensor, sizes: torch.Tensor | None):
-    """solve() for a backend already chosen by dispatch.choice ("kernel" or "reference")."""
+    """The op's outputs ``(row_ind, col_ind, info)`` for a batch of costs from a backend already chosen by
+    dispatch.choice: the op ("kernel"), or the reference after checking the inputs ("reference")."""
     if chosen == "kernel":
         return ops.linear_sum_assignment(cost, sizes)
     checks.check_lsap_inputs(cost, sizes)
