@@ -23,6 +23,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <type_traits>
 
 #include "cuda/launch.cuh"
 #include "entries.h"
@@ -361,6 +363,213 @@ __global__ void __launch_bounds__(kMaxWarps * kWarp)
   if (tid == 0) info[b] = lsap::kSolved;
 }
 
+// ---- lsap_warps: the candidate successor of lsap_registers (taken only with LUCID_LSAP_WARPS set) ---------------
+
+// A thread's least (cost, key) over its L columns in lsap::chosen_before's order, by a tree (its depth log2 L, where
+// a scan over the columns in turn is a chain of L - 1 comparisons), and the slot it came from.
+template <int L>
+__device__ __forceinline__ void thread_pick(double (&d)[L], uint32_t (&key)[L], double& best, uint32_t& best_key,
+                                            int& best_slot) {
+  int slot[L];
+#pragma unroll
+  for (int k = 0; k < L; ++k) slot[k] = k;
+#pragma unroll
+  for (int span = 1; span < L; span *= 2) {
+#pragma unroll
+    for (int k = 0; k + span < L; k += 2 * span) {
+      if (lsap::chosen_before(d[k + span], key[k + span], d[k], key[k])) {
+        d[k] = d[k + span];
+        key[k] = key[k + span];
+        slot[k] = slot[k + span];
+      }
+    }
+  }
+  best = d[0];
+  best_key = key[0];
+  best_slot = slot[0];
+}
+
+// lsap_registers with the warps a compile-time W: thread x keeps columns x + 32 W k (k < L) in registers and picks
+// its least by a tree. One warp (W = 1) needs no join: the warp's winner is read from its lane by shuffles, with no
+// shared memory and no barrier a step. Several warps join their W winners as lsap_registers does, over W candidates
+// instead of kMaxWarps.
+template <typename T, int W, int L>
+__global__ void __launch_bounds__(W * kWarp)
+    lsap_warps(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
+               const int64_t* __restrict__ sizes, int32_t cache_rows, const lsap::Result result,
+               int32_t* __restrict__ info) {
+  constexpr int threads = W * kWarp;
+  extern __shared__ __align__(16) char smem[];
+  const int64_t b = blockIdx.x;
+  const int tid = threadIdx.x, lane = tid & (kWarp - 1), warp = tid / kWarp;
+  const lsap::Result out = result.at(b);
+  int64_t width;
+  if (!start_problem(b, tid, threads, R, C, sizes, out, info, width)) return;
+  const bool transposed = lsap::solved_transposed(R, width);
+  const int32_t nr = static_cast<int32_t>(transposed ? width : R), nc = static_cast<int32_t>(transposed ? R : width);
+  const Costs<T> at(cost, cost_t, b, R, C, transposed);
+  const RowState s = RowState::at(smem, nr, nc);
+  T* cache = reinterpret_cast<T*>(s.cache);
+  const int32_t cached = min(cache_rows, nr);
+  for (int32_t i = tid; i < nr; i += threads) {
+    s.u[i] = 0;
+    s.col4row[i] = -1;
+  }
+  for (int32_t t = tid; t < nc; t += threads) s.row4col[t] = -1;
+  if (tid < 2 * kMaxWarps) s.candidates[tid] = Candidate{lsap::kInf, lsap::kNoColumn, 0};
+  double v[L], spc[L];
+  int32_t pos[L], match[L];
+  T next[L];  // this thread's columns of row cur + 1, loaded during search cur
+#pragma unroll
+  for (int k = 0; k < L; ++k) {
+    const int32_t t = tid + threads * k;
+    v[k] = 0;
+    match[k] = -1;
+    next[k] = t < nc ? at.base[t * at.stride_t] : T(0);
+  }
+  __syncthreads();
+
+  int32_t round = 0;
+  for (int32_t cur = 0; cur < nr; ++cur) {
+    T first[L];
+    bool invalid = false;  // NaN or -inf among this thread's columns of row cur: offered at the search's first step
+#pragma unroll
+    for (int k = 0; k < L; ++k) {
+      const int32_t t = tid + threads * k;
+      first[k] = next[k];
+      spc[k] = lsap::kInf;
+      pos[k] = t < nc ? nc - 1 - t : kAbsent;
+      if (t < nc) invalid |= lsap::invalid_entry(static_cast<double>(first[k]));
+      if (cur < cached && t < nc) cache[static_cast<int64_t>(cur) * nc + t] = first[k];
+    }
+    if (cur + 1 < nr) {
+      const T* row = at.base + (cur + 1) * at.stride_s;
+#pragma unroll
+      for (int k = 0; k < L; ++k) {
+        const int32_t t = tid + threads * k;
+        if (t < nc) next[k] = row[t * at.stride_t];
+      }
+    }
+    double min_val = 0;
+    int32_t i = cur, left = nc, sink = -1;
+    while (sink < 0) {
+      const double u_i = s.u[i];
+      T c[L];
+      if (i == cur) {
+#pragma unroll
+        for (int k = 0; k < L; ++k) c[k] = first[k];
+      } else if (i < cached) {
+        const T* row = cache + static_cast<int64_t>(i) * nc;
+#pragma unroll
+        for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[tid + threads * k] : T(0);
+      } else {
+        const T* row = at.base + i * at.stride_s;
+#pragma unroll
+        for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[(tid + threads * k) * at.stride_t] : T(0);
+      }
+      double d[L];
+      uint32_t key[L];
+#pragma unroll
+      for (int k = 0; k < L; ++k) {
+        d[k] = lsap::kInf;
+        key[k] = lsap::kNoColumn;
+        if (pos[k] < 0) continue;
+        const double r = lsap::path_cost(min_val, static_cast<double>(c[k]), u_i, v[k]);
+        if (r < spc[k]) {
+          s.path[tid + threads * k] = i;
+          spc[k] = r;
+        }
+        d[k] = spc[k];
+        key[k] = lsap::scan_key(match[k] == -1, pos[k]);
+      }
+      double best;
+      uint32_t best_key;
+      int best_slot;
+      thread_pick(d, key, best, best_key, best_slot);
+      if (invalid) {  // only ever at a search's first step: the problem ends there
+        best = -lsap::kInf;
+        best_key = lsap::kInvalidKey;
+      }
+      const int winner = warp_winner(best, best_key);
+      const uint32_t where =
+          static_cast<uint32_t>(tid + threads * best_slot) | static_cast<uint32_t>(pick(match, best_slot) + 1) << 16;
+      Candidate chosen;
+      if constexpr (W == 1) {
+        chosen = Candidate{__shfl_sync(kFull, best, winner), __shfl_sync(kFull, best_key, winner),
+                           __shfl_sync(kFull, where, winner)};
+      } else {
+        Candidate* candidates = s.candidates + (round & 1) * kMaxWarps;
+        if (lane == winner) candidates[warp] = Candidate{best, best_key, where};
+        __syncthreads();
+        Candidate x[W];
+#pragma unroll
+        for (int w = 0; w < W; ++w) x[w] = candidates[w];
+#pragma unroll
+        for (int span = 1; span < W; span *= 2) {
+#pragma unroll
+          for (int w = 0; w + span < W; w += 2 * span) {
+            if (lsap::chosen_before(x[w + span].cost, x[w + span].key, x[w].cost, x[w].key)) x[w] = x[w + span];
+          }
+        }
+        chosen = x[0];
+        ++round;
+      }
+      min_val = chosen.cost;
+      if (chosen.key == lsap::kInvalidKey) {  // row cur holds NaN or -inf
+        if (tid == 0) info[b] = lsap::kInvalidEntry;
+        return;
+      }
+      if (min_val == lsap::kInf) {  // every column left is out of reach
+        const auto any = [](bool found) {
+          if constexpr (W == 1) {
+            return __any_sync(kFull, found) != 0;
+          } else {
+            return __syncthreads_or(found) != 0;
+          }
+        };
+        const int32_t ended = unreachable_ends(at, cur, nr, nc, tid, threads, any);
+        if (tid == 0) info[b] = ended;
+        return;
+      }
+      const int32_t p = lsap::key_position(chosen.key);
+      const int32_t column = static_cast<int32_t>(chosen.where & 0xFFFFu);
+      const int32_t row = static_cast<int32_t>(chosen.where >> 16) - 1;
+      --left;
+#pragma unroll
+      for (int k = 0; k < L; ++k) {
+        if (pos[k] == left) pos[k] = p;
+        if (tid + threads * k == column) pos[k] = kOnTree;
+      }
+      if (row == -1) {
+        sink = column;
+      } else {
+        i = row;
+      }
+    }
+    if (tid == 0) s.u[cur] += min_val;
+#pragma unroll
+    for (int k = 0; k < L; ++k) {
+      if (pos[k] != kOnTree) continue;
+      const double dual = min_val - spc[k];
+      if (match[k] >= 0) s.u[match[k]] += dual;
+      v[k] -= dual;
+    }
+    // one warp has had no barrier since its lanes wrote the path: publish it to the lane that flips it
+    if constexpr (W == 1) __syncwarp();
+    if (tid == 0) lsap::flip_path(s.path, s.row4col, s.col4row, cur, sink);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < L; ++k) {
+      const int32_t t = tid + threads * k;
+      if (t < nc) match[k] = s.row4col[t];
+    }
+  }
+  write_results(
+      transposed, nr, nc, tid, threads, [&](int64_t i) { return s.col4row[i]; },
+      [&](int64_t t) { return s.row4col[t]; }, out);
+  if (tid == 0) info[b] = lsap::kSolved;
+}
+
 // ---- lsap_memory: any size, the state in memory -------------------------------------------------------------
 
 // The solver's state of one problem of nr <= nc (bytes: 32 per column and 13 per row, doubles first).
@@ -523,6 +732,28 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
   if (lane == 0) info[b] = lsap::kSolved;
 }
 
+// LUCID_LSAP_WARPS=W (1, 2, 4 or 8) sends float32 problems of up to 32 W L columns (L at most 10, 8, 5, 4) to
+// lsap_warps with W warps: a switch for measuring it against lsap_registers until it has been measured on a GPU.
+int forced_warps() {
+  static const int warps = [] {
+    const char* value = std::getenv("LUCID_LSAP_WARPS");
+    const int w = value ? std::atoi(value) : 0;
+    return w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
+  }();
+  return warps;
+}
+
+constexpr int max_columns_per_thread(int warps) { return warps == 1 ? 10 : warps == 2 ? 8 : warps == 4 ? 5 : 4; }
+
+// lsap_warps<T, W, l> for an l known at run time (1 <= l <= max_columns_per_thread(W)), handed to `launch`.
+template <typename T, int W, int L = 1, typename Launch>
+void launch_warps(int64_t l, const Launch& launch) {
+  if constexpr (L < max_columns_per_thread(W)) {
+    if (l > L) return launch_warps<T, W, L + 1>(l, launch);
+  }
+  launch(lsap_warps<T, W, L>);
+}
+
 void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes,
                 const lsap::Result& out, at::Tensor& info) {
   const c10::cuda::CUDAGuard guard(cost.device());
@@ -537,8 +768,13 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
   // up to 1,024 columns, lsap_registers: W warps with up to L columns a thread, W growing first (2 columns a thread up
   // to 512), and the rows it reads kept in shared memory where they fit: what the SM holds, shared by the blocks that
   // must run on it at once
-  const int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
-  const int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
+  int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
+  int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
+  const int forced = forced_warps();
+  const int64_t forced_per_thread = forced ? std::max<int64_t>(1, (nc + kWarp * forced - 1) / (kWarp * forced)) : 0;
+  const bool in_warps = forced && c.scalar_type() == at::kFloat && forced_per_thread <= max_columns_per_thread(forced);
+  if (in_warps) warps = forced, per_thread = forced_per_thread;
+  const bool in_registers = in_warps || per_thread <= 4;
   const int64_t per_sm = (d.B + props->multiProcessorCount - 1) / props->multiProcessorCount;
   const int64_t room = std::min<int64_t>(props->sharedMemPerBlockOptin,
                                          static_cast<int64_t>(props->sharedMemPerMultiprocessor) / per_sm -
@@ -548,13 +784,13 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
   // tall problems are solved transposed: a transposed copy makes each of their rows contiguous, unless every row
   // goes to the cache at its first read (strided reads then happen once a row, ahead of the search that needs it)
   const bool some_tall = d.R > 1 && (sizes.has_value() || d.C < d.R);
-  const bool all_cached = per_thread <= 4 && cache_rows >= nr;
+  const bool all_cached = in_registers && cache_rows >= nr;
   const auto ct = some_tall && !all_cached ? c.transpose(-1, -2).contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "linear_sum_assignment_cuda", [&] {
     using T = scalar_t;
     const T* c_ptr = c.data_ptr<T>();
     const T* ct_ptr = ct.defined() ? ct.data_ptr<T>() : nullptr;
-    if (per_thread <= 4) {
+    if (in_registers) {
       const int64_t smem = state + cache_rows * row_bytes;
       const auto launch = [&](auto kernel) {
         if (smem > 48 * 1024) raise_smem_limit(kernel, smem);
@@ -563,6 +799,14 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
                            info.data_ptr<int32_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
+      if constexpr (std::is_same_v<T, float>) {
+        if (in_warps) {
+          if (warps == 1) return launch_warps<T, 1>(per_thread, launch);
+          if (warps == 2) return launch_warps<T, 2>(per_thread, launch);
+          if (warps == 4) return launch_warps<T, 4>(per_thread, launch);
+          return launch_warps<T, 8>(per_thread, launch);
+        }
+      }
       if (per_thread <= 1) return launch(lsap_registers<T, 1>);
       if (per_thread <= 2) return launch(lsap_registers<T, 2>);
       if (per_thread <= 3) return launch(lsap_registers<T, 3>);
