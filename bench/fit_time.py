@@ -244,18 +244,26 @@ SAME_MACHINE = ("torch", "cuda", "gpu", "cpu", "python", "lucid_assign", "ultral
 
 
 def code_digest() -> str:
-    """What the fits run, as one digest: the imported package's sources and built extension, and this script. A record
-    resumes only with the same code (a commit that changes neither, a new session's checkout of it, may go on)."""
+    """What the fits run, as one digest: the imported package's Python sources (with its build record: torch, CUDA,
+    architectures), this script, and the extension: its sources where the package runs from a checkout (csrc/ beside
+    it), so that the same commit rebuilt for the same torch in a new session's checkout goes on; else its binary. A
+    record resumes only with the same code."""
     import hashlib
 
     import lucid_assign
 
     root = os.path.dirname(os.path.abspath(lucid_assign.__file__))
+    top = os.path.dirname(root)
+    csrc = os.path.join(top, "csrc")
+    kinds = (".py",) if os.path.isdir(csrc) else (".py", ".so", ".pyd")
     files = sorted(os.path.join(d, n) for d, _, names in os.walk(root) for n in names
-                   if n.endswith((".py", ".so", ".pyd")) and "__pycache__" not in d)
+                   if n.endswith(kinds) and "__pycache__" not in d)
+    if os.path.isdir(csrc):
+        files += sorted(os.path.join(d, n) for d, _, names in os.walk(csrc) for n in names
+                        if n.endswith((".h", ".cuh", ".cpp", ".cu")))
     h = hashlib.sha256()
     for path in files + [os.path.abspath(__file__)]:
-        h.update(os.path.relpath(path, os.path.dirname(root)).encode() + b"\0")
+        h.update(os.path.relpath(path, top).encode() + b"\0")
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:16]
