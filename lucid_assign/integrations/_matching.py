@@ -113,8 +113,23 @@ def problems_of_cross_cost(cost: torch.Tensor, where: Layout) -> torch.Tensor:
 def solve(problems: torch.Tensor, where: Layout, backend: str, layers: int = 1):
     """The op's (rows, cols, info) of ``layers`` layers' problems (each as ``where`` lays them out), in one call;
     ``backend`` as runs_here() chose it ("kernel" or "reference")."""
-    sizes = where.sizes if layers == 1 else where.sizes.repeat(layers)
-    return matching.run(backend, problems, sizes)
+    return matching.run(backend, problems, _sizes(where, layers))
+
+
+_REPEATED: dict = {}  # (id of a Layout, layers) -> (the Layout, its sizes for that many layers), the Layout kept alive
+
+
+def _sizes(where: Layout, layers: int) -> torch.Tensor:
+    """The op's sizes of ``layers`` layers' problems laid out by ``where``, made once per Layout and count (read-only,
+    as the Layout's tensors are): a loss call's solve dispatches no operation for them."""
+    if layers == 1:
+        return where.sizes
+    found = _REPEATED.get((id(where), layers))
+    if found is None or found[0] is not where:
+        if len(_REPEATED) >= 16:
+            _REPEATED.clear()
+        found = _REPEATED[(id(where), layers)] = (where, where.sizes.repeat(layers))
+    return found[1]
 
 
 # The devices on which the matches are picked by torch.ops.lucid.matches (ATen's operations in C++, one call from
@@ -380,33 +395,41 @@ class Memo:
     they are the same tensors, unchanged (their version counters), in the same geometry, with the same layout and
     the matcher's same settings and autocast region: the one rule of "same call"."""
 
-    def __init__(self, refs: list, key: tuple, layers: dict, info: torch.Tensor, where: Layout, codes: list | None):
-        self._refs, self._key, self._layers, self._info, self._where = refs, key, layers, info, where
+    def __init__(self, refs: list, key: tuple, layers: dict, info: tuple, where: Layout, codes: list | None):
+        self._refs, self._key, self._layers, self._info, self._where = refs, key, layers, info, where  # info: (the
+        # solve's status, this stack's first layer among the solve's, the solve's layers)
         self._codes = codes  # info read to the host (each layer's), where it was read at the stack's first call
-        self._count = len(layers)
 
     def take(self, tensors: list, key: tuple, layer: int, check: bool):
         if (layer not in self._layers or key != self._key or len(tensors) != len(self._refs)
                 or any(ref() is not t for ref, t in zip(self._refs, tensors))):
             return None
         if check:
-            info = self._info.view(self._count, -1)[layer] if self._codes is None else self._codes[layer]
-            raise_refused(info, self._where)
+            if self._codes is None:
+                info, first, layers = self._info  # the solve's status of every part's layers
+                codes = info.view(layers, -1)[first + layer]
+            else:
+                codes = self._codes[layer]
+            raise_refused(codes, self._where)
         return self._layers.pop(layer)
 
 
-_MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # matcher -> its last stack's Memo, kept outside
-# the matcher (which trainers deep-copy and save with the model)
+_MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # matcher -> the Memos of its last solve (a stack's
+# each), kept outside the matcher (which trainers deep-copy and save with the model)
 
 
-def _keyed(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, backend: str):
+def _keyed(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, backend: str,
+           alone: bool = False):
     """(where each input sits in its stack, the tensors whose identity the call depends on, the rest of its key: the
     geometry, the versions, the layout, the matcher's settings, the backend and the autocast region of the inputs'
     device), or None where the inputs are not the same layer of stacks or the call cannot be keyed (inference
-    tensors track no versions)."""
+    tensors track no versions). ``alone``: inputs that are not the same layer of stacks are each a stack of one layer
+    (a loss call's output of its own, see loss_call)."""
     found = [layer_of(t) for t in inputs]
     if any(f is None for f in found) or len({(f.layer, f.layers) for f in found}) != 1:
-        return None
+        if not alone:
+            return None
+        found = [Layer(t, max(t.numel(), 1), 0, 1, 0) for t in inputs]
     tensors = [f.stack for f in found] + list(objects)
     try:
         versions = tuple(t._version for t in tensors)
@@ -419,49 +442,135 @@ def _keyed(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], w
                             region)
 
 
+def _take(m, keyed, check: bool):
+    """A memo's matches for this call (the first of the matcher's memos that serves it), or None."""
+    found, tensors, key = keyed
+    for memo in _MEMOS.get(m, ()):
+        served = memo.take(tensors, key, found[0].layer, check)
+        if served is not None:
+            return served
+    return None
+
+
 def served(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, backend: str,
            check: bool):
     """This call's matches where an earlier call on the same stacks (layered) solved them and the memo serves the
     same call, else None: what layered() would serve, without its cost function."""
-    memo = _MEMOS.get(m)
-    if memo is None:
+    if m not in _MEMOS:
         return None
-    keyed = _keyed(m, inputs, objects, where, backend)
-    return None if keyed is None else memo.take(keyed[1], keyed[2], keyed[0][0].layer, check)
+    keyed = _keyed(m, inputs, objects, where, backend, alone=bool(_loss_inputs(m)))
+    return None if keyed is None else _take(m, keyed, check)
+
+
+# --- every matcher call of one loss call at once --------------------------------------------------------------------
+# A loss calls its matcher on outputs that are not all layers of one stack (RT-DETR's encoder proposals, DETR's and
+# LW-DETR's last layer, LW-DETR's encoder outputs). While a patched loss's forward runs (loss_call), the inputs of
+# each call it will make are known: the first call solves them all with its own, each stack (or output of its own)
+# a block of layers of one cost and one solve, and the later calls take theirs from the memos (the same rule of
+# "same call").
+
+_LOSS = threading.local()  # .open: [(matcher, [inputs of each call the loss will make])], innermost last
+
+
+@contextlib.contextmanager
+def loss_call(m, calls: Sequence[Sequence[torch.Tensor]]):
+    """While a loss's forward runs: ``calls``, the inputs (as layered() takes them) of the calls it will make of its
+    matcher ``m``."""
+    open_calls = _LOSS.__dict__.setdefault("open", [])
+    open_calls.append((m, [tuple(c) for c in calls]))
+    try:
+        yield
+    finally:
+        open_calls.pop()
+
+
+def _loss_inputs(m) -> list:
+    """The inputs of the calls of ``m`` that the innermost loss call in progress will make ([] outside one)."""
+    for matcher, calls in reversed(getattr(_LOSS, "open", ())):
+        if matcher is m:
+            return calls
+    return []
+
+
+def _parts(m, inputs, keyed, objects, where: Layout, backend: str) -> list:
+    """The stacks solved with this call's: its own, then those of the loss call's other calls (each once) whose
+    layers have its layers' shapes and devices; each as (its key, its inputs, its stacked views)."""
+    parts = [(keyed, inputs, [stacked(t, f) for t, f in zip(inputs, keyed[0])])]
+    for other in _loss_inputs(m):
+        if len(other) != len(inputs) or any(a is b for a, b in zip(other, inputs)):
+            continue
+        k = _keyed(m, other, objects, where, backend, alone=True)
+        if k is None or any(all(a is b for a, b in zip(k[1], p[1])) and k[2] == p[2] for p, _, _ in parts):
+            continue  # a layer of a stack already taken
+        if all(t.device == o.device and tuple(t.shape) == tuple(o.shape) for t, o in zip(other, inputs)):
+            parts.append((k, other, [stacked(t, f) for t, f in zip(other, k[0])]))
+    return parts
+
+
+def _problems_of(parts: list, costs: Callable):
+    """The problems of the parts' layers, part after part, each run of parts of the same dtypes in one call of
+    ``costs``: (problems, declined, the parts solved); None where this call's own part has no layered cost. A later
+    run whose cost is None or of another dtype is left out (its calls go their own way)."""
+    runs = []
+    for part in parts:
+        dtypes = tuple(v.dtype for v in part[2])
+        if runs and runs[-1][0] == dtypes:
+            runs[-1][1].append(part)
+        else:
+            runs.append((dtypes, [part]))
+    found, flags, solved = [], [], []
+    for _, run in runs:
+        views = [part[2] for part in run]
+        problems = costs([torch.cat(v) if len(v) > 1 else v[0] for v in zip(*views)])
+        if problems is None and not found:
+            return None
+        problems, declined = problems if isinstance(problems, Guarded) else (problems, None)
+        if problems is None or (found and (problems.dtype != found[0].dtype or problems.shape[1:] != found[0].shape[1:]
+                                           or (declined is None) != (flags[0] is None))):
+            continue
+        found.append(problems)
+        flags.append(declined)
+        solved += run
+    declined = None if flags[0] is None else functools.reduce(torch.logical_or, flags) if len(flags) > 1 else flags[0]
+    return (torch.cat(found) if len(found) > 1 else found[0]), declined, solved
 
 
 def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, costs: Callable,
             backend: str, check: bool, batch_objects: bool = False):
     """This call's matches when each of ``inputs`` is one layer of a stack of a decoder's layers, the same layer of
-    stacks of the same layers; else None (a call of its own). At the stack's first call (for matcher ``m``), every
-    layer's problems, ``costs(stacked inputs)`` -> (layers * problems, queries per group, width) or None (no layered
-    cost: a call of its own), are solved in one call of the op; the later calls of the same call (Memo) take their
-    layer's matches. ``costs`` may return Guarded problems: None where declined. ``objects``: the tensors the cost
-    reads besides the inputs (the rest it depends on: the matcher's settings, settings_of, and the autocast region).
-    ``check``: SciPy's error at the call of a layer whose problem it refuses. The flag and the status of every layer
-    are read at the first call, in one synchronisation."""
-    keyed = _keyed(m, inputs, objects, where, backend)
+    stacks of the same layers, or an output of a loss call in progress (loss_call); else None (a call of its own). At
+    the stack's first call (for matcher ``m``), every layer's problems, with those of the loss call's other stacks,
+    ``costs(stacked inputs)`` -> (layers * problems, queries per group, width) or None (no layered cost: a call of its
+    own), are solved in one call of the op; the later calls of the same call (Memo) take their layer's matches.
+    ``costs`` may return Guarded problems: None where declined. ``objects``: the tensors the cost reads besides the
+    inputs (the rest it depends on: the matcher's settings, settings_of, and the autocast region). ``check``: SciPy's
+    error at the call of a layer whose problem it refuses. The flag and the status of every layer are read at the
+    first call, in one synchronisation."""
+    keyed = _keyed(m, inputs, objects, where, backend, alone=bool(_loss_inputs(m)))
     if keyed is None:
         return None
-    found, tensors, key = keyed
-    layer, layers = found[0].layer, found[0].layers
-    memo = _MEMOS.get(m)
-    if memo is not None:
-        served = memo.take(tensors, key, layer, check)
-        if served is not None:
-            return served
+    served = _take(m, keyed, check)
+    if served is not None:
+        return served
+    parts = _parts(m, inputs, keyed, objects, where, backend)
     with torch.no_grad():  # the views and costs of the layers record nothing for autograd
-        problems = costs([stacked(t, f) for t, f in zip(inputs, found)])
-        if problems is None:
+        found = _problems_of(parts, costs)
+        if found is None:
             return None
-        problems, declined = problems if isinstance(problems, Guarded) else (problems, None)
+        problems, declined, parts = found
+        counts = [k[0][0].layers for k, _, _ in parts]
+        layers = sum(counts)
         rows, cols, info = solve(problems, where, backend, layers)
         per_layer = matches(rows, cols, where, layers, batch_objects)
         refused, codes = settle(declined, info, check)
         if refused:
             return None
     images, per = len(where.counts), info.shape[0] // layers
-    results = {k: per_layer[k * images:(k + 1) * images] for k in range(layers)}
-    codes = None if codes is None else [codes[k * per:(k + 1) * per] for k in range(layers)]
-    memo = _MEMOS[m] = Memo([weakref.ref(t) for t in tensors], key, results, info, where, codes)
-    return memo.take(tensors, key, layer, check)
+    memos, first = [], 0
+    for (_, tensors, key), n in zip((k for k, _, _ in parts), counts):
+        results = {k: per_layer[(first + k) * images:(first + k + 1) * images] for k in range(n)}
+        mine = None if codes is None else [codes[(first + k) * per:(first + k + 1) * per] for k in range(n)]
+        memos.append(Memo([weakref.ref(t) for t in tensors], key, results, (info, first, layers), where, mine))
+        first += n
+    _MEMOS[m] = memos
+    return memos[0].take(keyed[1], keyed[2], keyed[0][0].layer, check)

@@ -57,6 +57,14 @@ MATCHERS = {
     "GroundingDinoHungarianMatcher": Matcher("transformers.loss.loss_grounding_dino", "boxes", False, False),
 }
 
+# The losses whose forward calls the matchers above on its outputs, the last layer's, each auxiliary output's and the
+# encoder's (core.loss_call: the first call solves them all): name -> where transformers 5.x defines it
+LOSSES = {
+    "ImageLoss": "transformers.loss.loss_for_object_detection",
+    "RTDetrLoss": "transformers.loss.loss_rt_detr",
+    "LwDetrImageLoss": "transformers.loss.loss_lw_detr",
+}
+
 # STATE (_patching.py): originals, class -> its own forward, while patched; report, class name -> what patch() did;
 # backend; said once
 _verified: dict = {}  # class -> True (checked, same) / False (differs: its own forward from then on); kept for the
@@ -426,7 +434,13 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
     logits, boxes = outputs["logits"], outputs["pred_boxes"]
 
     def costs(stacks):
-        return _block_problems(m, fam, stacks, targets, where, sanitize, kind)
+        # another output of the loss call (core.loss_call) may be of other dtypes: of another kind, whose cost per
+        # block must have been checked (_blocks_ok) as this call's was
+        mine = kind if (stacks[0].dtype, stacks[1].dtype) == kind[2:4] else kind[:2] + (
+            stacks[0].dtype, stacks[1].dtype) + kind[4:]
+        if _blocks_ok.get(mine) is not True:
+            return None
+        return _block_problems(m, fam, stacks, targets, where, sanitize, mine)
 
     if layered:
         found = core.layered(m, (logits, boxes), _stack_objects(targets), where, costs, backend, check)
@@ -491,6 +505,32 @@ def _from_layers(m, own, outputs, targets: list, where: core.Layout, backend: st
     return core.layered(m, (logits, boxes), objects, where, costs, backend, check)
 
 
+def _loss_calls(outputs) -> list:
+    """The (logits, pred_boxes) of each matcher call a loss makes of its ``outputs``: the last layer's, each auxiliary
+    output's (RT-DETR's encoder proposals last among them) and the encoder's (LW-DETR)."""
+    found = []
+    for d in (outputs, *(outputs.get("auxiliary_outputs") or ()), outputs.get("enc_outputs")):
+        if isinstance(d, dict) and isinstance(d.get("logits"), torch.Tensor) and isinstance(d.get("pred_boxes"),
+                                                                                             torch.Tensor):
+            found.append((d["logits"], d["pred_boxes"]))
+    return found
+
+
+def _patched_loss(own):
+    """A loss's forward whose matcher calls are solved at once (core.loss_call) where its matcher is patched."""
+
+    @functools.wraps(own)
+    def forward(self, outputs, targets, *args, **kwargs):
+        matcher = getattr(self, "matcher", None)
+        if not isinstance(outputs, dict) or type(matcher) not in (STATE.originals or {}):
+            return own(self, outputs, targets, *args, **kwargs)
+        with core.loss_call(matcher, _loss_calls(outputs)):
+            return own(self, outputs, targets, *args, **kwargs)
+
+    forward.__lucid_patched__ = True
+    return forward
+
+
 def _cuda_devices(outputs) -> list:
     """The CUDA device of the matcher's inputs, as torch.random.fork_rng takes it (none on other devices)."""
     logits = outputs.get("logits") if isinstance(outputs, dict) else None
@@ -504,12 +544,13 @@ def _runs_here(outputs, cls) -> str | None:
     return core.runs_here(STATE, STATE.backend, device, f"transformers' {cls.__name__}")
 
 
-def _classes() -> dict:
-    """The matcher classes of the installed transformers: name -> class (None where this version has none)."""
+def _classes(where: dict | None = None) -> dict:
+    """The matcher classes of the installed transformers (or the classes named in ``where``, name -> module): name ->
+    class (None where this version has none)."""
     found = {}
-    for name, spec in MATCHERS.items():
+    for name, module_name in ((n, spec.module) for n, spec in MATCHERS.items()) if where is None else where.items():
         try:
-            module = importlib.import_module(spec.module)
+            module = importlib.import_module(module_name)
         except Exception:  # a version without that loss, or one that fails to import without SciPy
             module = None
         cls = getattr(module, name, None) if module is not None else None
@@ -545,6 +586,10 @@ def patch(backend: str = "auto") -> None:
                 cls.forward = _patched_forward(cls, originals[cls], MATCHERS[name])
                 STATE.report[name] = ("left to transformers (its first call matched differently)"
                                       if _verified.get(cls) is False else "patched")
+        if originals:
+            for cls in filter(None, _classes(LOSSES).values()):
+                originals[cls] = vars(cls)["forward"]
+                cls.forward = _patched_loss(originals[cls])
         STATE.originals, STATE.backend = originals, backend
 
 
