@@ -9,7 +9,9 @@ replaces each matcher's ``forward``, which matches every image (and group) in on
 loss call at once); for the others, and any kind of call whose blocks differ from the family's own cost, the cost the
 matcher's own code computes, taken at its copy to the host. It returns what the matcher returns: per image the
 matched queries in ascending order and their objects, int64 index tensors, on the cost's device (the matcher's are on
-the CPU). The matching core (_matching.py) does the layout, the solve, the layers at once and the index format.
+the CPU). The matching core (_matching.py) does the layout, the solve, the layers at once and the index format. patch()
+also wraps the losses' forward (LOSSES): while one runs, the first matcher call solves every output the loss will
+match (core.loss_call), one solve and one read of the device a loss call.
 
 Each patched class checks itself once, at its first call in a process: it also runs the matcher's own forward on
 those inputs (SciPy on the host, one synchronisation) and compares the matches; a class that differs goes back to its
