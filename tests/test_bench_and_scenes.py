@@ -347,8 +347,8 @@ def test_the_lsap_warps_bench_runs_each_solver_in_a_process_of_its_own(tmp_path,
     assert run.returncode == 0, run.stderr[-2000:]
     runs = json.loads(out.read_text())["runs"]
     assert [r["warps"] for r in runs] == ["default", "1", "4", "default"]
-    assert all([(x["shape"], x["costs"]) for x in r["record"]["results"]] == [("2x9x4", "uniform"), ("2x9x4", "trained")]
-               for r in runs)
+    want = [("2x9x4", "uniform"), ("2x9x4", "trained")]
+    assert all([(x["shape"], x["costs"]) for x in r["record"]["results"]] == want for r in runs)
     rows = [line.split() for line in run.stdout.splitlines() if line.split()[:1] == ["2x9x4"]]
     assert [r[1] for r in rows] == ["uniform", "trained"] and all(len(r) == 2 + 2 * len(runs) for r in rows)
 
