@@ -57,7 +57,10 @@ def main() -> None:
         found["parent_pid"] = os.getpid()
     else:
         found = report(names)
-    print(json.dumps(found), flush=True)
+    # one write of the whole line: ranks share the pipe, and print's separate write of the newline (unbuffered
+    # output) can put another rank's line between them
+    sys.stdout.write(json.dumps(found) + "\n")
+    sys.stdout.flush()
     if "RANK" in os.environ:
         import torch.distributed as dist
 
