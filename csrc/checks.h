@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <vector>
 
 #include "geometry.h"
 #include "lsap.h"
@@ -401,6 +402,39 @@ inline FamilyCostDims check_family_cost_args(const at::Tensor& scores, const at:
     TORCH_CHECK_VALUE(total == N, "sizes must add up to N = ", N, " (the objects), got ", total);
   }
   return {L, B, Q, C, N, width, groups};
+}
+
+// detr_cost.parts: several stacks (parts) of one loss call, each (L_p, B, Q, .) with its own 9 dtype codes, against
+// the same objects; each part checked as detr_cost.family's stack is (its class term from its scores: 0 where
+// class_kind is 0, the softmax's probability, else 1, focal). Returns each part's dims.
+inline std::vector<FamilyCostDims> check_family_parts_args(at::TensorList scores, at::TensorList boxes,
+                                                           const at::Tensor& labels, const at::Tensor& objects,
+                                                           const at::Tensor& sizes, int64_t width, int64_t groups,
+                                                           c10::ArrayRef<double> gains, int64_t class_kind,
+                                                           double gamma, int64_t l1_order,
+                                                           c10::ArrayRef<int64_t> dtypes) {
+  const int64_t P = static_cast<int64_t>(scores.size());
+  TORCH_CHECK_VALUE(P >= 1, "scores must hold at least one part (an (L, B, Q, C) stack), got none");
+  TORCH_CHECK_VALUE(static_cast<int64_t>(boxes.size()) == P, "boxes must hold one (L, B, Q, 4) stack per part of "
+                    "scores (", P, "), got ", boxes.size());
+  TORCH_CHECK_VALUE(static_cast<int64_t>(dtypes.size()) == 9 * P, "dtypes must be 9 codes per part (", 9 * P,
+                    " for ", P, " parts), got ", dtypes.size());
+  TORCH_CHECK_VALUE(class_kind >= 0 && class_kind <= 2, "class_kind must be 0 (softmax), 1 (focal) or 2 (focal of "
+                    "the object's probability), got ", class_kind);
+  std::vector<FamilyCostDims> dims;
+  dims.reserve(P);
+  for (int64_t p = 0; p < P; ++p) {
+    TORCH_CHECK_VALUE(scores[p].dim() == 4, "scores[", p, "] must be (L, B, Q, C), got ", scores[p].sizes());
+    if (p > 0) {
+      TORCH_CHECK_VALUE(scores[p].size(1) == scores[0].size(1) && scores[p].size(2) == scores[0].size(2),
+                        "scores[", p, "] must have the images and queries of scores[0] (", scores[0].size(1), ", ",
+                        scores[0].size(2), "), got ", scores[p].sizes());
+    }
+    dims.push_back(check_family_cost_args(scores[p], boxes[p], labels, objects, sizes, width, groups, gains,
+                                          class_kind == 0 ? 0 : 1, gamma, l1_order, dtypes.slice(9 * p, 9),
+                                          c10::nullopt));
+  }
+  return dims;
 }
 
 }  // namespace lucid

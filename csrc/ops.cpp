@@ -99,6 +99,14 @@ TORCH_LIBRARY(lucid, m) {
   // logits (ATen's vectorised CPU math rounds an element by its place in the tensor): kind 0 softmax, 1 focal, 2 focal
   // of the object's probability; labels (N,) the batch's objects' classes image after image, sizes (B,) their counts
   // (class 0 past them). Passed to detr_cost.family as class_cost.
+  // Several stacks (parts) of one loss call at once, each (L_p, B, Q, .) of its own dtypes and strides (scores the
+  // logits), against the same objects: (cost, invalid) as detr_cost.family's for the parts' layers, part after part.
+  // Each part's class term is its family's (class_kind 0 softmax, 1 focal, 2 focal of the object's probability; on
+  // the CPU by class_terms' operations on the part's layers); dtypes: 9 codes per part, in detr_cost.family's order.
+  m.def(
+      "detr_cost.parts(Tensor[] scores, Tensor[] boxes, Tensor labels, Tensor objects, Tensor sizes, int width, "
+      "int groups, float[] gains, int class_kind, float alpha, float gamma, int l1_order, int[] dtypes, "
+      "bool sanitize, float top) -> (Tensor, Tensor)");
   m.def(
       "detr_cost.class_terms(Tensor logits, Tensor labels, Tensor sizes, int width, int kind, float alpha, "
       "float gamma) -> Tensor");
@@ -119,7 +127,7 @@ TORCH_LIBRARY_IMPL(lucid, Autograd, m) {
   for (const char* op :
        {"points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts", "assign", "assign_pose",
         "assign_seg", "linear_sum_assignment", "linear_sum_assignment.columns", "detr_cost", "detr_cost.family",
-        "detr_cost.class_terms"}) {
+        "detr_cost.class_terms", "detr_cost.parts"}) {
     m.impl(op, torch::CppFunction::makeFallthrough());
   }
 }

@@ -249,6 +249,7 @@ def detr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: t
 
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # csrc/detr_cost.h's DtypeCode
+FAMILY_CLASS_TERMS = ("softmax", "focal", "focal-gathered")  # the class terms of class_terms and parts, in order
 FAMILY_DTYPES = ("prob", "pow", "log", "cls", "l1", "pred_corners", "gt_corners", "pairs", "sum")  # in the op's order
 
 
@@ -284,7 +285,32 @@ def detr_family_cost(scores: torch.Tensor, boxes: torch.Tensor, labels: torch.Te
                                             float(torch.finfo(torch.float32).max), class_cost)
 
 
-FAMILY_CLASS_TERMS = ("softmax", "focal", "focal-gathered")  # detr_cost.class_terms' kinds, in its order
+
+
+def detr_family_parts_cost(scores: list, boxes: list, labels: torch.Tensor, objects: torch.Tensor,
+                           sizes: torch.Tensor, width: int, groups: int, gains, *, class_term: str, alpha: float = 0.25,
+                           gamma: float = 2.0, l1_order: int = 1, dtypes: list, sanitize: bool = True) -> tuple:
+    """The cost of transformers' DETR-family matchers for several stacks (parts) of one loss call at once,
+    ``torch.ops.lucid.detr_cost.parts`` (docs/spec.md, "DETR family cost"): detr_family_cost of each part, its
+    problems part after part, with each part's class term computed from its logits as the family computes it.
+
+    Args:
+        scores, boxes: lists of the parts' (L_p, B, Q, C) logits and (L_p, B, Q, 4) boxes (cx, cy, w, h), each part
+            of its own dtypes and strides, the same B and Q.
+        class_term: one of FAMILY_CLASS_TERMS (the family's: DETR's softmax, the focal families' focal, RT-DETR's
+            focal of the object's probability).
+        dtypes: one dict per part, as detr_family_cost's.
+        The rest as detr_family_cost's.
+
+    Returns:
+        ``(cost, invalid)`` as detr_family_cost's, for every part's layers.
+    """
+    _require("detr_cost")
+    codes = [DTYPE_CODES[plan[k]] for plan in dtypes for k in FAMILY_DTYPES]
+    return torch.ops.lucid.detr_cost.parts(list(scores), list(boxes), labels, objects, sizes, int(width),
+                                           int(groups), [float(g) for g in gains],
+                                           FAMILY_CLASS_TERMS.index(class_term), float(alpha), float(gamma),
+                                           int(l1_order), codes, bool(sanitize), float(torch.finfo(torch.float32).max))
 
 
 def focal_terms(p: torch.Tensor, alpha: float, gamma: float) -> tuple:
@@ -427,6 +453,22 @@ if _library.loaded():
                            lambda: f"groups must be >= 1 and divide the queries ({queries}), got {groups}")
         return (scores.new_empty((layers * bs * groups, queries // groups, width), dtype=torch.float32),
                 scores.new_empty((1,), dtype=torch.int32))
+
+    @torch.library.register_fake("lucid::detr_cost.parts")
+    def _detr_family_parts_fake(scores, boxes, labels, objects, sizes, width, groups, gains, class_kind, alpha, gamma,
+                                l1_order, dtypes, sanitize, top):
+        torch._check_value(len(scores) >= 1 and len(boxes) == len(scores),
+                           lambda: f"scores and boxes must hold one stack per part, got {len(scores)}, {len(boxes)}")
+        torch._check_value(len(dtypes) == 9 * len(scores),
+                           lambda: f"dtypes must be 9 codes per part, got {len(dtypes)} for {len(scores)}")
+        found = [_detr_family_cost_fake(s, b, labels, objects, sizes, width, groups, gains, int(class_kind != 0),
+                                        alpha, gamma, l1_order, dtypes[9 * p: 9 * p + 9], sanitize, top)
+                 for p, (s, b) in enumerate(zip(scores, boxes))]
+        for p, s in enumerate(scores[1:], 1):
+            torch._check_value(s.shape[1] == scores[0].shape[1] and s.shape[2] == scores[0].shape[2],
+                               lambda: f"scores[{p}] must have the images and queries of scores[0], got {s.shape}")
+        rows = sum(cost.shape[0] for cost, _ in found)
+        return found[0][0].new_empty((rows, *found[0][0].shape[1:])), found[0][1]
 
     @torch.library.register_fake("lucid::detr_cost.class_terms")
     def _detr_class_terms_fake(logits, labels, sizes, width, kind, alpha, gamma):

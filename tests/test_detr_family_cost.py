@@ -6,6 +6,7 @@ padding, sanitising, corner check, errors and opcheck; and the patched matcher's
 last place off fails."""
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -260,6 +261,95 @@ def test_opcheck(library, device):
         torch.library.opcheck(torch.ops.lucid.detr_cost.family, args)
 
 
+PARTS_REGIONS = {"float32": None, "bf16 autocast": torch.bfloat16, "fp16 autocast": torch.float16}
+
+
+def _parts(device, dtypes, layers, **batch):
+    """Parts of one loss call: a stack of each of ``layers`` layers in each of ``dtypes``, against the same objects
+    (the first part's); the second part a layer-major view of a (B, L, Q, .) stack (strided), as decoders give."""
+    logits, boxes, labels, objects, counts = _batch(device, layers=sum(layers), **batch)
+    parts, first = [], 0
+    for k, (dtype, n) in enumerate(zip(dtypes, layers)):
+        lg, bx = logits[first:first + n].to(dtype), boxes[first:first + n].to(dtype)
+        if k == 1:  # the same values, stored (B, L, Q, .)
+            lg, bx = lg.transpose(0, 1).contiguous().transpose(0, 1), bx.transpose(0, 1).contiguous().transpose(0, 1)
+        parts.append((lg, bx))
+        first += n
+    return parts, labels, objects, counts
+
+
+@pytest.mark.parametrize("region", list(PARTS_REGIONS))
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("device", devices())
+def test_the_parts_op_is_each_parts_family_cost(library, device, family, region):
+    """torch.ops.lucid.detr_cost.parts: the parts of a loss call of their own dtypes and strides (a float32 stack of
+    three layers, a strided one of two and an output of one layer, both in the autocast region's dtype) in one call,
+    each part's class term computed from its logits: every entry of every part's problems equals the family's own
+    operations' on that part, part after part, bit for bit, with 1 and 2 query groups; the corner check covers every
+    part, and a class outside [0, C) costs NaN."""
+    fam, m = FAMILIES[family], Matcher()
+    autocast = PARTS_REGIONS[region]
+    low = autocast or torch.float32
+    for seed in range(2):
+        parts, labels, objects, counts = _parts(device, (torch.float32, low, low), (3, 2, 1), seed=seed)
+        for groups in (1, 2):
+            where = core.layout(counts, parts[0][0].shape[2], groups, device)
+            with _region(device, autocast):
+                lt._plans.clear()
+                plans = [lt._dtype_plan(m, fam, ("test", k), lg, bx, objects) for k, (lg, bx) in enumerate(parts)]
+                assert all(plan is not None for plan in plans)
+                theirs = torch.cat([_theirs(m, fam, lg, bx, labels, objects, where)[0] for lg, bx in parts])
+                ours, invalid = ops.detr_family_parts_cost(
+                    [lg for lg, _ in parts], [bx for _, bx in parts], labels, objects, where.image_sizes, where.width,
+                    groups, (m.class_cost, m.bbox_cost, m.giou_cost), class_term=fam.class_term, alpha=fam.alpha,
+                    gamma=fam.gamma, l1_order=0 if device == "cpu" else 1, dtypes=plans)
+            assert int(invalid) == 0 and _same(ours, theirs, where), (seed, groups)
+    flipped = [(lg, bx.clone()) for lg, bx in parts]
+    flipped[2][1][0, 1, 2, 2] = -0.1  # a negative width in the last part only
+    wrong = labels.clone()
+    wrong[0] = parts[0][0].shape[-1]  # a class outside [0, C): its column NaN, never read
+    with _region(device, autocast):
+        lt._plans.clear()
+        plans = [lt._dtype_plan(m, fam, ("test", k), lg, bx, objects) for k, (lg, bx) in enumerate(parts)]
+        ours, invalid = ops.detr_family_parts_cost([lg for lg, _ in flipped], [bx for _, bx in flipped], wrong,
+                                                   objects, where.image_sizes, where.width, 1, (2, 5, 2),
+                                                   class_term=fam.class_term, dtypes=plans)
+    assert int(invalid) == 1
+    assert ours[::3, :, 0].isnan().all() and not ours[::3, :, 1].isnan().any()
+
+
+def test_bad_parts_are_refused(library):
+    fam = FAMILIES["focal"]
+    parts, labels, objects, counts = _parts("cpu", (torch.float32, torch.float32), (3, 1))
+    plan = _plan(fam, *parts[0], objects)
+    codes = [ops.DTYPE_CODES[plan[k]] for k in ops.FAMILY_DTYPES] * 2
+    scores, boxes = [lg for lg, _ in parts], [bx for _, bx in parts]
+    op = torch.ops.lucid.detr_cost.parts
+
+    def call(**change):
+        args = dict(scores=scores, boxes=boxes, labels=labels, objects=objects, sizes=torch.tensor(counts), width=6,
+                    groups=1, gains=[2.0, 5.0, 2.0], class_kind=1, alpha=0.25, gamma=2.0, l1_order=0, dtypes=codes,
+                    sanitize=True, top=3.0e38) | change
+        return op(*args.values())
+
+    for change, words in [(dict(scores=[], boxes=[]), "scores must hold at least one part"),
+                          (dict(boxes=boxes[:1]), "boxes must hold one (L, B, Q, 4) stack per part of scores (2)"),
+                          (dict(dtypes=codes[:9]), "dtypes must be 9 codes per part (18 for 2 parts)"),
+                          (dict(class_kind=3), "class_kind must be 0 (softmax), 1 (focal) or 2"),
+                          (dict(scores=[scores[0], scores[1][0]]), "scores[1] must be (L, B, Q, C)"),
+                          (dict(scores=[scores[0], scores[1][:, :2]]), "scores[1] must have the images and queries"),
+                          (dict(boxes=[boxes[0], boxes[1][..., :3]]), "boxes must be (L, B, Q, 4)"),
+                          (dict(dtypes=codes[:17] + [5]), "dtypes must be codes")]:
+        with pytest.raises((ValueError, TypeError), match=re.escape(words)):
+            call(**change)
+    cost, invalid = call()
+    assert cost.shape == (12, 8, 6) and invalid.shape == (1,) and invalid.dtype == torch.int32
+    torch.library.opcheck(op, tuple(dict(scores=scores, boxes=boxes, labels=labels, objects=objects,
+                                         sizes=torch.tensor(counts), width=6, groups=2, gains=[2.0, 5.0, 2.0],
+                                         class_kind=0, alpha=0.25, gamma=2.0, l1_order=0, dtypes=codes,
+                                         sanitize=True, top=3.0e38).values()))
+
+
 def test_a_cost_one_unit_in_the_last_place_off_fails_the_guard(library, monkeypatch):
     """The patched matcher's first call of a kind compares the op's cost with the family's own entry by entry: one
     entry nudged by one unit in the last place fails it (the kind keeps the family's cost, said once), and the
@@ -271,16 +361,18 @@ def test_a_cost_one_unit_in_the_last_place_off_fails_the_guard(library, monkeypa
     starts = [0, 3, 3]
     targets = [{"class_labels": labels[s:s + n], "boxes": objects[s:s + n]} for s, n in zip(starts, counts)]
     own = [(i.clone(), j.clone()) for i, j in HungarianMatcher(2, 5, 2)(outputs, targets)]
-    real = ops.detr_family_cost
     for nudge in (False, True):
-        def nudged(*args, **kwargs):
-            cost, invalid = real(*args, **kwargs)
-            if nudge:
-                cost = cost.clone()
-                cost[0, 0, 0] = torch.nextafter(cost[0, 0, 0], torch.tensor(float("inf")))
-            return cost, invalid
+        def nudged(real):
+            def op(*args, **kwargs):
+                cost, invalid = real(*args, **kwargs)
+                if nudge:
+                    cost = cost.clone()
+                    cost[0, 0, 0] = torch.nextafter(cost[0, 0, 0], torch.tensor(float("inf")))
+                return cost, invalid
+            return op
 
-        monkeypatch.setattr(lt.ops, "detr_family_cost", nudged)
+        for name in ("detr_family_cost", "detr_family_parts_cost"):  # the op of one stack, and of several parts
+            monkeypatch.setattr(lt.ops, name, nudged(getattr(ops, name)))
         lt._verified.clear(), lt._blocks_ok.clear(), lt._plans.clear()
         said = pytest.warns(FallbackWarning, match="computes its cost otherwise") if nudge else contextlib.nullcontext()
         with lt.patched("kernel"), said:

@@ -48,23 +48,16 @@ at::Tensor detr_cost_cpu(const at::Tensor& pred_bboxes, const at::Tensor& pred_s
   return out;
 }
 
-// torch.ops.lucid.detr_cost.family on the CPU: detr_cost.h's family_cost of every (layer, image, query, column), the
-// rows as parallel tasks. The class term is the given class_cost where there is one (the integration passes the
-// family's own, whose math functions are ATen's vectorised ones), else detr_cost.h's class_term (the C library's).
-std::tuple<at::Tensor, at::Tensor> detr_family_cost_cpu(
-    const at::Tensor& scores, const at::Tensor& boxes, const at::Tensor& labels, const at::Tensor& objects,
-    const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_term,
-    double alpha, double gamma, int64_t l1_order, c10::ArrayRef<int64_t> dtypes, bool sanitize, double top,
-    const c10::optional<at::Tensor>& class_cost) {
-  const FamilyCostDims d = check_family_cost_args(scores, boxes, labels, objects, sizes, width, groups, gains,
-                                                  class_term, gamma, l1_order, dtypes, class_cost);
-  const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], class_term, alpha, gamma, l1_order,
-                                            dtypes.data(), sanitize, top);
-  auto out = at::empty({d.L * d.B * d.G, d.Q / d.G, d.W}, scores.options().dtype(at::kFloat));
-  auto invalid = at::zeros({1}, scores.options().dtype(at::kInt));
+// detr_cost.h's family_cost of every (layer, image, query, column) of one (L, B, Q, .) stack into out (its L * B * Q
+// rows of W), the rows as parallel tasks; the class term is class_cost's entry where it is defined (the family's own,
+// whose math functions are ATen's vectorised ones), else detr_cost.h's class_term of the scores (the C library's).
+// Returns whether some query's or object's corners are invalid.
+bool fill_family_cost(const at::Tensor& scores, const at::Tensor& boxes, const at::Tensor& labels,
+                      const at::Tensor& objects, const at::Tensor& sizes, const FamilyCostDims& d,
+                      const detr::FamilySettings& s, const at::Tensor& class_cost, float* out_ptr) {
   const auto bx = boxes.to(at::kFloat).contiguous(), obj = objects.to(at::kFloat).contiguous();
   const auto lab = labels.to(at::kLong).contiguous(), n = sizes.to(at::kLong).contiguous();
-  const at::Tensor cc = class_cost.has_value() ? class_cost->to(at::kFloat).contiguous() : at::Tensor();
+  const at::Tensor cc = class_cost.defined() ? class_cost.to(at::kFloat).contiguous() : at::Tensor();
   const at::Tensor sc = cc.defined() ? at::Tensor() : scores.to(at::kFloat).contiguous();  // read only without cc
   const float* s_ptr = sc.defined() ? sc.data_ptr<float>() : nullptr;
   const float* b_ptr = bx.data_ptr<float>();
@@ -72,7 +65,6 @@ std::tuple<at::Tensor, at::Tensor> detr_family_cost_cpu(
   const int64_t* l_ptr = lab.data_ptr<int64_t>();
   const int64_t* n_ptr = n.data_ptr<int64_t>();
   const float* c_ptr = cc.defined() ? cc.data_ptr<float>() : nullptr;
-  float* out_ptr = out.data_ptr<float>();
   std::vector<int64_t> start(d.B);
   for (int64_t b = 0, total = 0; b < d.B; total += n_ptr[b], ++b) start[b] = total;
   bool bad = false;
@@ -105,7 +97,25 @@ std::tuple<at::Tensor, at::Tensor> detr_family_cost_cpu(
       }
     }
   });
-  if (bad || bad_query.load()) invalid.fill_(1);
+  return bad || bad_query.load();
+}
+
+// torch.ops.lucid.detr_cost.family on the CPU: fill_family_cost of the one stack.
+std::tuple<at::Tensor, at::Tensor> detr_family_cost_cpu(
+    const at::Tensor& scores, const at::Tensor& boxes, const at::Tensor& labels, const at::Tensor& objects,
+    const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_term,
+    double alpha, double gamma, int64_t l1_order, c10::ArrayRef<int64_t> dtypes, bool sanitize, double top,
+    const c10::optional<at::Tensor>& class_cost) {
+  const FamilyCostDims d = check_family_cost_args(scores, boxes, labels, objects, sizes, width, groups, gains,
+                                                  class_term, gamma, l1_order, dtypes, class_cost);
+  const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], class_term, alpha, gamma, l1_order,
+                                            dtypes.data(), sanitize, top);
+  auto out = at::empty({d.L * d.B * d.G, d.Q / d.G, d.W}, scores.options().dtype(at::kFloat));
+  auto invalid = at::zeros({1}, scores.options().dtype(at::kInt));
+  if (fill_family_cost(scores, boxes, labels, objects, sizes, d, s, class_cost.value_or(at::Tensor()),
+                       out.data_ptr<float>())) {
+    invalid.fill_(1);
+  }
   return {out, invalid};
 }
 
@@ -171,12 +181,44 @@ at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labe
   return at::stack(terms);
 }
 
+// torch.ops.lucid.detr_cost.parts on the CPU: each part's class terms by detr_class_terms_cpu (the family's own ATen
+// operations on the part's own layers), then fill_family_cost of the part into its rows of the one result.
+std::tuple<at::Tensor, at::Tensor> detr_family_parts_cpu(
+    at::TensorList scores, at::TensorList boxes, const at::Tensor& labels, const at::Tensor& objects,
+    const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_kind,
+    double alpha, double gamma, int64_t l1_order, c10::ArrayRef<int64_t> dtypes, bool sanitize, double top) {
+  const auto dims = check_family_parts_args(scores, boxes, labels, objects, sizes, width, groups, gains, class_kind,
+                                            gamma, l1_order, dtypes);
+  int64_t layers = 0;
+  for (const auto& d : dims) layers += d.L;
+  const FamilyCostDims& d0 = dims[0];
+  auto out = at::empty({layers * d0.B * d0.G, d0.Q / d0.G, d0.W}, scores[0].options().dtype(at::kFloat));
+  auto invalid = at::zeros({1}, scores[0].options().dtype(at::kInt));
+  const auto lab = labels.to(at::kLong), n = sizes.to(at::kLong);
+  float* out_ptr = out.data_ptr<float>();
+  bool bad = false;
+  for (size_t p = 0; p < dims.size(); ++p) {
+    const auto& d = dims[p];
+    const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], class_kind == 0 ? 0 : 1, alpha, gamma,
+                                              l1_order, dtypes.data() + 9 * p, sanitize, top);
+    // the class terms of the objects' classes (one outside [0, C) costs NaN below, its term unread)
+    const auto terms = d.C > 0 && d.N > 0 ? detr_class_terms_cpu(scores[p], lab.clamp(0, d.C - 1), n, width,
+                                                                   class_kind, alpha, gamma)
+                                          : at::Tensor();
+    bad |= fill_family_cost(scores[p], boxes[p], lab, objects, n, d, s, terms, out_ptr);
+    out_ptr += d.L * d.B * d.Q * d.W;
+  }
+  if (bad) invalid.fill_(1);
+  return {out, invalid};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(lucid, CPU, m) {
   m.impl("detr_cost", &detr_cost_cpu);
   m.impl("detr_cost.family", &detr_family_cost_cpu);
   m.impl("detr_cost.class_terms", &detr_class_terms_cpu);
+  m.impl("detr_cost.parts", &detr_family_parts_cpu);
 }
 
 }  // namespace cpu

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <limits>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "checks.h"
 #include "cuda/launch.cuh"
@@ -148,11 +150,35 @@ std::tuple<at::Tensor, at::Tensor> detr_family_cost_cuda(
   return {out, invalid};
 }
 
+// torch.ops.lucid.detr_cost.parts on the GPU: detr_cost.family's launch for each part, the class term computed in
+// the kernel (of the softmax's probabilities, one ATen launch, where class_kind is 0: the family's own softmax in the
+// call's autocast region); the parts' problems joined in their order, any part's invalid flag the result's.
+std::tuple<at::Tensor, at::Tensor> detr_family_parts_cuda(
+    at::TensorList scores, at::TensorList boxes, const at::Tensor& labels, const at::Tensor& objects,
+    const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_kind,
+    double alpha, double gamma, int64_t l1_order, c10::ArrayRef<int64_t> dtypes, bool sanitize, double top) {
+  const auto dims = check_family_parts_args(scores, boxes, labels, objects, sizes, width, groups, gains, class_kind,
+                                            gamma, l1_order, dtypes);
+  const c10::cuda::CUDAGuard guard(scores[0].device());
+  std::vector<at::Tensor> costs, flags;
+  for (size_t p = 0; p < dims.size(); ++p) {
+    const at::Tensor sc = class_kind == 0 ? scores[p].softmax(-1) : scores[p];
+    auto [cost, invalid] =
+        detr_family_cost_cuda(sc, boxes[p], labels, objects, sizes, width, groups, gains, class_kind == 0 ? 0 : 1,
+                              alpha, gamma, l1_order, dtypes.slice(9 * p, 9), sanitize, top, c10::nullopt);
+    costs.push_back(std::move(cost));
+    flags.push_back(std::move(invalid));
+  }
+  if (costs.size() == 1) return {costs[0], flags[0]};
+  return {at::cat(costs), at::stack(flags).amax(0)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(lucid, CUDA, m) {
   m.impl("detr_cost", &detr_cost_cuda);
   m.impl("detr_cost.family", &detr_family_cost_cuda);
+  m.impl("detr_cost.parts", &detr_family_parts_cuda);
 }
 
 }  // namespace gpu

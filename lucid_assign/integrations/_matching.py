@@ -507,21 +507,22 @@ def _parts(m, inputs, keyed, objects, where: Layout, backend: str) -> list:
     return parts
 
 
-def _problems_of(parts: list, costs: Callable):
-    """The problems of the parts' layers, part after part, each run of parts of the same dtypes in one call of
-    ``costs``: (problems, declined, the parts solved); None where this call's own part has no layered cost. A later
-    run whose cost is None or of another dtype is left out (its calls go their own way)."""
+def by_dtypes(views: list, costs: Callable):
+    """The problems of parts' stacked views (each part's list of (layers, ...) tensors), part after part, each run of
+    parts of the same dtypes joined in one call of ``costs``: (problems, declined, kept: whether each part's layers
+    are among the problems); None where the first part has no layered cost. A later run whose cost is None or of
+    another dtype is left out (its calls go their own way)."""
     runs = []
-    for part in parts:
-        dtypes = tuple(v.dtype for v in part[2])
+    for k, part in enumerate(views):
+        dtypes = tuple(v.dtype for v in part)
         if runs and runs[-1][0] == dtypes:
-            runs[-1][1].append(part)
+            runs[-1][1].append(k)
         else:
-            runs.append((dtypes, [part]))
-    found, flags, solved = [], [], []
+            runs.append((dtypes, [k]))
+    found, flags, kept = [], [], [False] * len(views)
     for _, run in runs:
-        views = [part[2] for part in run]
-        problems = costs([torch.cat(v) if len(v) > 1 else v[0] for v in zip(*views)])
+        stacks = [torch.cat(v) if len(v) > 1 else v[0] for v in zip(*(views[k] for k in run))]
+        problems = costs(stacks)
         if problems is None and not found:
             return None
         problems, declined = problems if isinstance(problems, Guarded) else (problems, None)
@@ -530,13 +531,26 @@ def _problems_of(parts: list, costs: Callable):
             continue
         found.append(problems)
         flags.append(declined)
-        solved += run
+        for k in run:
+            kept[k] = True
     declined = None if flags[0] is None else functools.reduce(torch.logical_or, flags) if len(flags) > 1 else flags[0]
-    return (torch.cat(found) if len(found) > 1 else found[0]), declined, solved
+    return (torch.cat(found) if len(found) > 1 else found[0]), declined, kept
+
+
+def _problems_of(parts: list, costs: Callable, joined: Callable | None):
+    """(problems, declined, the parts solved) of the parts' layers, part after part: by ``joined`` (every part's
+    views at once -> by_dtypes's result, or None) where given, else by_dtypes with ``costs``; None where this call's
+    own part has no layered cost."""
+    views = [part[2] for part in parts]
+    found = joined(views) if joined is not None else by_dtypes(views, costs)
+    if found is None or not found[2][0]:
+        return None
+    problems, declined, kept = found
+    return problems, declined, [part for part, k in zip(parts, kept) if k]
 
 
 def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, costs: Callable,
-            backend: str, check: bool, batch_objects: bool = False):
+            backend: str, check: bool, batch_objects: bool = False, joined: Callable | None = None):
     """This call's matches when each of ``inputs`` is one layer of a stack of a decoder's layers, the same layer of
     stacks of the same layers, or an output of a loss call in progress (loss_call); else None (a call of its own). At
     the stack's first call (for matcher ``m``), every layer's problems, with those of the loss call's other stacks,
@@ -545,7 +559,7 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
     ``costs`` may return Guarded problems: None where declined. ``objects``: the tensors the cost reads besides the
     inputs (the rest it depends on: the matcher's settings, settings_of, and the autocast region). ``check``: SciPy's
     error at the call of a layer whose problem it refuses. The flag and the status of every layer are read at the
-    first call, in one synchronisation."""
+    first call, in one synchronisation. ``joined``: the problems of every part at once, where given (_problems_of)."""
     keyed = _keyed(m, inputs, objects, where, backend, alone=bool(_loss_inputs(m)))
     if keyed is None:
         return None
@@ -554,7 +568,7 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
         return served
     parts = _parts(m, inputs, keyed, objects, where, backend)
     with torch.no_grad():  # the views and costs of the layers record nothing for autograd
-        found = _problems_of(parts, costs)
+        found = _problems_of(parts, costs, joined)
         if found is None:
             return None
         problems, declined, parts = found

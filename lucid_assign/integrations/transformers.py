@@ -204,10 +204,13 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
 # family's operations give in the call's autocast region (read once per kind of call from those operations on one
 # element, _dtype_plan); on CUDA also its class term, whose elementwise math is CUDA's there too. On the CPU, ATen's
 # vectorised sigmoid rounds an element by where it falls in its tensor, so the class term stays the family's own
-# operations on its own tensors (torch.ops.lucid.detr_cost.class_terms runs them, every layer in one call) and the op
-# takes it. The first call of each kind still compares the result with the family's cost entry by entry
-# (_verify_blocks). FAMILY_COST_DEVICES: the devices whose calls use the op (those a run has checked).
+# operations on its own tensors (the op runs them, every layer of a part at a time). The first call of each kind
+# still compares the result with the family's cost entry by entry (_verify_blocks). FAMILY_COST_DEVICES: the devices
+# whose calls use the op (those a run has checked); FAMILY_PARTS_DEVICES, those whose calls cost every part of a loss
+# call (each stack or output of its own, of its own dtypes) in one call of detr_cost.parts, rather than each run of
+# parts of one dtype in a call of detr_cost.family.
 FAMILY_COST_DEVICES = ("cpu", "cuda")
+FAMILY_PARTS_DEVICES = ("cpu",)
 _plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None (not in the op's dtypes)
 
 
@@ -253,10 +256,19 @@ def _class_terms(fam: _Family, logits, labels):
     return ops.family_class_terms_reference(logits, labels, fam.class_term, fam.alpha, fam.gamma)
 
 
-def _op_problems(m, fam: _Family, plan: dict, stacks: list, labels, objects, where: core.Layout, sanitize: bool):
-    """The problems and the corners' check of the op (see above)."""
-    logits, boxes = stacks
-    device = logits.device.type
+def _op_problems(m, fam: _Family, plans: list, parts: list, labels, objects, where: core.Layout, sanitize: bool):
+    """The problems and the corners' check of the op (see above) of the parts' (logits, boxes) stacks, each with its
+    dtype plan: every part in one call of detr_cost.parts (FAMILY_PARTS_DEVICES), else the one part in a call of
+    detr_cost.family."""
+    device = parts[0][0].device.type
+    gains = (m.class_cost, m.bbox_cost, m.giou_cost)
+    l1_order = 0 if device == "cpu" else 1
+    if device in FAMILY_PARTS_DEVICES:
+        return ops.detr_family_parts_cost([p[0] for p in parts], [p[1] for p in parts], labels, objects,
+                                          where.image_sizes, where.width, where.groups, gains,
+                                          class_term=fam.class_term, alpha=fam.alpha, gamma=fam.gamma,
+                                          l1_order=l1_order, dtypes=plans, sanitize=sanitize)
+    ((logits, boxes),), (plan,) = parts, plans
     class_cost = None
     if device == "cpu":  # the family's operations, every layer in one call (the same operations in C++)
         class_cost = ops.family_class_terms(logits, labels, where.image_sizes, where.width, fam.class_term,
@@ -266,11 +278,9 @@ def _op_problems(m, fam: _Family, plan: dict, stacks: list, labels, objects, whe
         scores = logits.softmax(-1)  # one launch for every layer: a row's softmax is the same in any number of rows
     else:
         scores = logits
-    gains = (m.class_cost, m.bbox_cost, m.giou_cost)
     return ops.detr_family_cost(scores, boxes, labels, objects, where.image_sizes, where.width, where.groups, gains,
                                 focal=fam.class_term != "softmax", alpha=fam.alpha, gamma=fam.gamma,
-                                l1_order=0 if device == "cpu" else 1, dtypes=plan, sanitize=sanitize,
-                                class_cost=class_cost)
+                                l1_order=l1_order, dtypes=plan, sanitize=sanitize, class_cost=class_cost)
 
 
 _last_objects = threading.local()  # .found: (the targets' tensors (weak), their versions, their labels and boxes)
@@ -292,6 +302,14 @@ def _objects_of(targets: list) -> tuple:
     return pair
 
 
+def _op_usable(m, fam: _Family, kind: tuple, logits, boxes, objects, where: core.Layout) -> dict | None:
+    """The dtype plan with which the op computes a part's cost (FAMILY_COST_DEVICES), or None."""
+    if (kind is None or logits.device.type not in FAMILY_COST_DEVICES or logits.shape[2] % where.groups != 0
+            or not _library.has_kernel("detr_cost", logits.device.type)):
+        return None
+    return _dtype_plan(m, fam, kind, logits, boxes, objects)
+
+
 def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.Layout, sanitize: bool,
                     kind: tuple | None = None):
     """The op's problems (L * B * groups, queries per group, W) of (L, B, Q, .) stacks of logits and boxes, Guarded:
@@ -299,19 +317,32 @@ def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.La
     each call then runs on its own, and the family raises at that layer's). ``kind``: the call's kind, whose dtype plan
     lets the op compute the cost (FAMILY_COST_DEVICES)."""
     labels, objects = _objects_of(targets)
-    logits, boxes = stacks
-    plan = None
-    if (kind is not None and logits.device.type in FAMILY_COST_DEVICES and logits.shape[2] % where.groups == 0
-            and _library.has_kernel("detr_cost", logits.device.type)):
-        plan = _dtype_plan(m, fam, kind, logits, boxes, objects)
+    plan = _op_usable(m, fam, kind, *stacks, objects, where)
     if plan is not None:
-        return core.Guarded(*_op_problems(m, fam, plan, stacks, labels, objects, where, sanitize))
+        return core.Guarded(*_op_problems(m, fam, [plan], [stacks], labels, objects, where, sanitize))
     cost, valid = _block_cost(m, fam, *stacks, core.pad_objects(labels, where), core.pad_objects(objects, where),
                               sanitize)
     layers, bs, nq, width = cost.shape
     per_group = nq // where.groups
     return core.Guarded(cost[:, :, : per_group * where.groups].reshape(layers * bs * where.groups, per_group, width),
                         ~valid.all())
+
+
+def _parts_problems(m, fam: _Family, kinds: list, views: list, targets: list, where: core.Layout, sanitize: bool):
+    """core.by_dtypes's result for the parts of a loss call (``views``: each part's (logits, boxes) stacks, ``kinds``
+    their kinds of call, None where not checked as equal to the family's) in one call of the op, where the device
+    takes every part at once (FAMILY_PARTS_DEVICES) and the op computes each checked part; else None."""
+    logits = views[0][0]
+    if logits.device.type not in FAMILY_PARTS_DEVICES or kinds[0] is None:
+        return None
+    labels, objects = _objects_of(targets)
+    plans = [None if k is None else _op_usable(m, fam, k, *v, objects, where) for k, v in zip(kinds, views)]
+    if plans[0] is None:
+        return None
+    kept = [plan is not None for plan in plans]
+    problems = _op_problems(m, fam, [p for p in plans if p is not None], [v for v, k in zip(views, kept) if k],
+                            labels, objects, where, sanitize)
+    return *problems, kept
 
 
 def _kind(m, outputs: dict, targets: list) -> tuple:
@@ -435,17 +466,24 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
     call then runs the family's own code, which raises)."""
     logits, boxes = outputs["logits"], outputs["pred_boxes"]
 
-    def costs(stacks):
+    def checked(stacks):
         # another output of the loss call (core.loss_call) may be of other dtypes: of another kind, whose cost per
         # block must have been checked (_blocks_ok) as this call's was
         mine = kind if (stacks[0].dtype, stacks[1].dtype) == kind[2:4] else kind[:2] + (
             stacks[0].dtype, stacks[1].dtype) + kind[4:]
-        if _blocks_ok.get(mine) is not True:
-            return None
-        return _block_problems(m, fam, stacks, targets, where, sanitize, mine)
+        return mine if _blocks_ok.get(mine) is True else None
+
+    def costs(stacks):
+        mine = checked(stacks)
+        return None if mine is None else _block_problems(m, fam, stacks, targets, where, sanitize, mine)
+
+    def joined(views):
+        found = _parts_problems(m, fam, [checked(v) for v in views], views, targets, where, sanitize)
+        return found if found is not None else core.by_dtypes(views, costs)
 
     if layered:
-        found = core.layered(m, (logits, boxes), _stack_objects(targets), where, costs, backend, check)
+        found = core.layered(m, (logits, boxes), _stack_objects(targets), where, costs, backend, check,
+                             joined=joined)
         if found is not None:
             return found
     with torch.no_grad():
