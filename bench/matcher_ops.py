@@ -2,13 +2,16 @@
 synchronisations and the Python time of every matcher call of one loss call, the family's own matcher against the
 patched one (lucid_assign.integrations.transformers), on the CPU (the op's CPU kernel) or a GPU.
 
-    python bench/matcher_ops.py                                      # rt-detr, detr, deformable-detr, lw-detr
-    python bench/matcher_ops.py --families detr --imgsz 64 --batch 1 --objects 2   # smoke test
+    python bench/matcher_ops.py                          # rt-detr, detr, deformable-detr, lw-detr, rf-detr
+    python bench/matcher_ops.py --families detr --imgsz 320 --batch 1 --objects 2   # smoke test
 
-Each family's model comes from its default config (bench/train_step_transformers.py's build: RT-DETR, DETR with
-auxiliary losses, Deformable DETR two-stage with refinement, LW-DETR), no weights, 80 classes; a forward with labels
-under bf16 autocast computes its loss, which calls the matcher once per decoder layer (and for the encoder's
-proposals). After two warm-up loss calls (the patched matcher checks itself and each kind of call at the first; the
+Each transformers family's model comes from its default config (bench/train_step_transformers.py's build: RT-DETR,
+DETR with auxiliary losses, Deformable DETR two-stage with refinement, LW-DETR), no weights, 80 classes, 640 px; a
+forward with labels under bf16 autocast computes its loss, which calls the matcher once per decoder layer (and for the
+encoder's proposals). RF-DETR Small comes from its rfdetr config (bench/train_step_rfdetr.py's build: 90 classes, its
+512 px), its loss the criterion of its forward under bf16 autocast, which matches every layer in one call of the
+matcher's _match_many (RF-DETR's own declines where the layers' dtypes differ, and calls each layer's forward). After
+two warm-up loss calls (the patched matcher checks itself and each kind of call at the first; the
 second makes what later steps reuse), one loss call is counted:
 every operation dispatched inside the matcher's calls (a TorchDispatchMode: what each launches or computes on the
 host), the synchronisations among them (reading a value on the host: ``item``, ``.cpu()`` and ``.numpy()``,
@@ -40,7 +43,10 @@ from _runs import detr_batch, sync  # noqa: E402
 from train_step_transformers import FAMILIES, around_matcher, build  # noqa: E402
 
 from lucid_assign.integrations import _matching as core  # noqa: E402
+from lucid_assign.integrations import rfdetr as lr  # noqa: E402
 from lucid_assign.integrations import transformers as lt  # noqa: E402
+
+RFDETR = "rf-detr"  # RF-DETR Small in its own trainer's criterion
 
 SYNCS = {"aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero", "aten::equal", "aten::masked_select",
          "aten::unique_consecutive", "aten::_unique2"}  # operations that read a device value on the host
@@ -77,26 +83,73 @@ def counted(name: str, device, found: dict):
         found["calls"] += 1
         return out
 
-    return around_matcher(name, around)
+    return (around_rfdetr if name == RFDETR else around_matcher)(name, around)
 
 
-def loss_call(model, images, labels, device):
-    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
-        return model(pixel_values=images, labels=labels).loss
+@contextlib.contextmanager
+def around_rfdetr(_, around):
+    """Each outermost call of RF-DETR's matcher (its _match_many, or a layer's forward where the criterion calls it)
+    made as ``around(method, self, *args, **kwargs)``."""
+    from rfdetr.models.matcher import HungarianMatcher as cls
+
+    saved, inside = (cls._match_many, cls.forward), [0]
+
+    def wrapped(inner):
+        def call(self, *args, **kwargs):
+            if inside[0]:
+                return inner(self, *args, **kwargs)
+            inside[0] += 1
+            try:
+                return around(inner, self, *args, **kwargs)
+            finally:
+                inside[0] -= 1
+        return call
+
+    cls._match_many, cls.forward = wrapped(saved[0]), wrapped(saved[1])
+    try:
+        yield
+    finally:
+        cls._match_many, cls.forward = saved
+
+
+def setup(family: str, args, objects: int):
+    """(a loss call: a function of no argument, the patch's context) of a family's model on a synthetic batch."""
+    device = args.device
+    region = torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    if family == RFDETR:
+        from rfdetr.utilities.tensors import NestedTensor
+        from train_step_rfdetr import CLASSES, build as build_rfdetr
+
+        model, criterion, _, imgsz = build_rfdetr("small", args.imgsz, device)
+        images, targets = detr_batch(args.batch, imgsz, objects, 0, device, CLASSES, "labels")
+        mask = torch.zeros(images.shape[0], *images.shape[2:], dtype=torch.bool, device=device)
+
+        def loss():
+            with region:
+                return criterion(model(NestedTensor(images, mask)), targets)
+
+        lr._verified.clear()
+        return loss, lr.patched("kernel")
+    model, _ = build(family, device)
+    images, labels = detr_batch(args.batch, args.imgsz or 640, objects, 0, device, 80, "class_labels")
+
+    def loss():
+        with region:
+            return model(pixel_values=images, labels=labels).loss
+
+    lt._verified.clear()
+    lt._blocks_ok.clear()
+    return loss, lt.patched("kernel")
 
 
 def count(family: str, patched: bool, args, objects: int) -> dict:
-    model, _ = build(family, args.device)
-    images, labels = detr_batch(args.batch, args.imgsz, objects, 0, args.device, 80, "class_labels")
-    context = lt.patched("kernel") if patched else contextlib.nullcontext()
+    loss_call, context = setup(family, args, objects)
     found = dict(ops=Counter(), calls=0, seconds=0.0, **{"host copies": 0})
-    with context:
-        lt._verified.clear()
-        lt._blocks_ok.clear()
+    with context if patched else contextlib.nullcontext():
         for _ in range(2):  # the first checks the class and each kind of call; the second makes what steps reuse
-            loss_call(model, images, labels, args.device)
-        with counted(FAMILIES[family], args.device, found):
-            loss_call(model, images, labels, args.device)
+            loss_call()
+        with counted(FAMILIES.get(family, family), args.device, found):
+            loss_call()
     ops = found["ops"]
     reads = ops.pop("(device to host)", 0) if torch.device(args.device).type != "cpu" else found["host copies"]
     syncs = sum(n for name, n in ops.items() if name in SYNCS) + reads
@@ -135,8 +188,7 @@ def profile(family: str, args, objects: int) -> None:
     torch.profiler: each call's time between synchronisations, the host time of each region, each kernel's time."""
     from torch.profiler import ProfilerActivity
 
-    model, _ = build(family, args.device)
-    images, labels = detr_batch(args.batch, args.imgsz, objects, 0, args.device, 80, "class_labels")
+    loss_call, context = setup(family, args, objects)
     calls = []
 
     def keep(inner, self, *a, **k):
@@ -145,13 +197,11 @@ def profile(family: str, args, objects: int) -> None:
 
     region = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16)  # the loss's, as loss_call's
 
-    with lt.patched("kernel"):
-        lt._verified.clear()
-        lt._blocks_ok.clear()
-        loss_call(model, images, labels, args.device)
-        loss_call(model, images, labels, args.device)
-        with around_matcher(FAMILIES[family], keep):
-            loss_call(model, images, labels, args.device)
+    with context:
+        loss_call()
+        loss_call()
+        with (around_rfdetr if family == RFDETR else around_matcher)(FAMILIES.get(family, family), keep):
+            loss_call()
         with region:
             for inner, self, a, k in calls:  # once more outside the profiler: what the replay does, warm
                 inner(self, *a, **k)
@@ -183,8 +233,8 @@ def profile(family: str, args, objects: int) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
-    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--families", nargs="+", choices=[*FAMILIES, RFDETR], default=[*FAMILIES, RFDETR])
+    p.add_argument("--imgsz", type=int, default=None, help="the images' side (default: 640, RF-DETR's own 512)")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--objects", type=int, nargs="+", default=[10])
     p.add_argument("--top", action="store_true", help="also the most dispatched operations of each")
@@ -205,7 +255,8 @@ def main(argv=None) -> int:
             for objects in args.objects:
                 profile(family, args, objects)
         return 0
-    print(f"matcher calls of one loss call, batch {args.batch} at {args.imgsz} px, {args.objects[0]} objects per image, "
+    print(f"matcher calls of one loss call, batch {args.batch} at {args.imgsz or 'the default'} px, "
+          f"{args.objects[0]} objects per image, "
           f"bf16 autocast, {args.device}, torch {torch.__version__}, transformers {transformers.__version__}, the cost "
           f"op on {', '.join(lt.FAMILY_COST_DEVICES) or 'no device'}")
     print(f"{'family':<16} {'matcher':<8} {'calls':>5} {'ops':>6} {'syncs':>5} {'ms':>9}")

@@ -354,16 +354,20 @@ def test_the_lsap_warps_bench_runs_each_solver_in_a_process_of_its_own(tmp_path,
 
 
 def test_the_matcher_ops_bench_counts_a_loss_call(library):
-    """bench/matcher_ops.py, tiny: each family's loss call, own and patched, counted; the patched one within the
-    goal of the issue "The DETR cost in one launch" on the CPU: 12 operations or fewer, one synchronisation at most."""
+    """bench/matcher_ops.py, tiny: each family's loss call, own and patched, counted; the transformers families'
+    patched one within the goal of the issue "The DETR cost in one launch" on the CPU: 12 operations or fewer, one
+    synchronisation at most. RF-DETR's criterion: one call of its matcher patched (the layers' forwards unpatched)."""
     pytest.importorskip("transformers")
+    pytest.importorskip("rfdetr")
     path, _ = _bench_script("matcher_ops")
     families = {"rt-detr": 7, "detr": 6, "deformable-detr": 6, "lw-detr": 4}  # the matcher calls of a loss call
     # 320 px: the two-stage families pick their 300 proposals among more anchors than that
-    run = subprocess.run([sys.executable, path, "--families", *families, "--imgsz", "320", "--batch", "1",
+    run = subprocess.run([sys.executable, path, "--families", *families, "rf-detr", "--imgsz", "320", "--batch", "1",
                           "--objects", "2"],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-2000:]
+    own, patched = [line.split() for line in run.stdout.splitlines() if line.startswith("rf-detr ")]
+    assert (own[1:3], patched[1:3]) == (["own", "5"], ["patched", "1"]) and int(own[3]) > int(patched[3]) > 0
     for family, calls in families.items():
         rows = [line.split() for line in run.stdout.splitlines() if line.startswith(family + " ")]
         assert [(r[1], r[2]) for r in rows] == [("own", str(calls)), ("patched", str(calls))], (family, rows)
