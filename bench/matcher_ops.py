@@ -184,16 +184,25 @@ def _regions():
 
 
 def profile(family: str, args, objects: int) -> None:
-    """The patched matcher's calls of one loss call (their arguments as the loss passed them, kept), made again under
-    torch.profiler: each call's time between synchronisations, the host time of each region, each kernel's time."""
+    """The patched matcher's calls of one loss call (their arguments as the loss passed them, kept, and the outputs the
+    loss call in progress will match: core.loss_call), made again under torch.profiler: each call's time between
+    synchronisations, the host time of each region, each kernel's time."""
     from torch.profiler import ProfilerActivity
 
     loss_call, context = setup(family, args, objects)
-    calls = []
+    calls, outputs = [], {}
 
     def keep(inner, self, *a, **k):
         calls.append((inner, self, a, k))
+        outputs.setdefault(id(self), (self, core._loss_inputs(self)))
         return inner(self, *a, **k)
+
+    def as_the_loss():  # the replay inside the loss calls it was made in (one solve for all, as there)
+        stack = contextlib.ExitStack()
+        for m, inputs in outputs.values():
+            if inputs:
+                stack.enter_context(core.loss_call(m, inputs))
+        return stack
 
     region = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16)  # the loss's, as loss_call's
 
@@ -202,13 +211,13 @@ def profile(family: str, args, objects: int) -> None:
         loss_call()
         with (around_rfdetr if family == RFDETR else around_matcher)(FAMILIES.get(family, family), keep):
             loss_call()
-        with region:
+        with region, as_the_loss():
             for inner, self, a, k in calls:  # once more outside the profiler: what the replay does, warm
                 inner(self, *a, **k)
         spans = []
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(args.device).type == "cuda"
                                                else [])
-        with region, _regions(), torch.profiler.profile(activities=activities) as prof:
+        with region, as_the_loss(), _regions(), torch.profiler.profile(activities=activities) as prof:
             for i, (inner, self, a, k) in enumerate(calls):
                 sync(args.device)
                 t0 = time.perf_counter()
