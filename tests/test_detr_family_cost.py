@@ -150,6 +150,8 @@ def test_the_class_terms_op_is_the_families_operations_on_the_cpu(library, kind,
         ops.family_class_terms(logits.to("meta"), labels, torch.tensor([1, 2]), 2, kind)
     with pytest.raises(ValueError, match=r"logits must be \(L, B, Q, C\) with L >= 1"):
         ops.family_class_terms(torch.zeros(0, 2, 3, 4), labels, torch.tensor([1, 2]), 2, kind)
+    grad = torch.randn(2, 2, 5, 6, requires_grad=True)  # the op's result is a constant: no graph behind it
+    assert not ops.family_class_terms(grad, torch.randint(0, 6, (4,)), torch.tensor([3, 1]), 3, kind).requires_grad
     torch.library.opcheck(torch.ops.lucid.detr_cost.class_terms,
                           (torch.randn(2, 2, 5, 6), torch.randint(0, 6, (4,)), torch.tensor([3, 1]), 3,
                            ops.FAMILY_CLASS_TERMS.index(kind), 0.25, 2.0))
@@ -344,6 +346,8 @@ def test_bad_parts_are_refused(library):
             call(**change)
     cost, invalid = call()
     assert cost.shape == (12, 8, 6) and invalid.shape == (1,) and invalid.dtype == torch.int32
+    grad = [scores[0].clone().requires_grad_(), scores[1]]
+    assert not any(t.requires_grad for t in call(scores=grad, class_kind=0))  # constants, no graph behind them
     torch.library.opcheck(op, tuple(dict(scores=scores, boxes=boxes, labels=labels, objects=objects,
                                          sizes=torch.tensor(counts), width=6, groups=2, gains=[2.0, 5.0, 2.0],
                                          class_kind=0, alpha=0.25, gamma=2.0, l1_order=0, dtypes=codes,

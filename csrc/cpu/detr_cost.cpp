@@ -135,6 +135,7 @@ std::pair<at::Tensor, at::Tensor> focal_terms(const at::Tensor& p, double alpha,
 // their counts; columns past an image's objects take class 0 (as the family's padded blocks). One call from Python.
 at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& sizes,
                                 int64_t width, int64_t kind, double alpha, double gamma) {
+  const at::NoGradGuard no_grad;  // the op's result is a constant (ops.cpp): its operations record no graph
   TORCH_CHECK_VALUE(logits.dim() == 4 && logits.size(0) >= 1, "logits must be (L, B, Q, C) with L >= 1, got ",
                     logits.sizes());
   TORCH_CHECK_TYPE(at::isFloatingType(logits.scalar_type()), "logits must be floating point, got ",

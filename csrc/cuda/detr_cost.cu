@@ -160,6 +160,7 @@ std::tuple<at::Tensor, at::Tensor> detr_family_parts_cuda(
   const auto dims = check_family_parts_args(scores, boxes, labels, objects, sizes, width, groups, gains, class_kind,
                                             gamma, l1_order, dtypes);
   const c10::cuda::CUDAGuard guard(scores[0].device());
+  const at::NoGradGuard no_grad;  // the op's result is a constant (ops.cpp): the softmax records no graph
   std::vector<at::Tensor> costs, flags;
   for (size_t p = 0; p < dims.size(); ++p) {
     const at::Tensor sc = class_kind == 0 ? scores[p].softmax(-1) : scores[p];
