@@ -285,8 +285,6 @@ def detr_family_cost(scores: torch.Tensor, boxes: torch.Tensor, labels: torch.Te
                                             float(torch.finfo(torch.float32).max), class_cost)
 
 
-
-
 def detr_family_parts_cost(scores: list, boxes: list, labels: torch.Tensor, objects: torch.Tensor,
                            sizes: torch.Tensor, width: int, groups: int, gains, *, class_term: str, alpha: float = 0.25,
                            gamma: float = 2.0, l1_order: int = 1, dtypes: list, sanitize: bool = True) -> tuple:

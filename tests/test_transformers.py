@@ -295,6 +295,38 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, reg
     assert len(kinds) == len(solves), (kinds, solves)
 
 
+def test_a_part_the_op_does_not_cost_is_costed_by_its_dtype_and_joined(library, monkeypatch):
+    """Under bf16 autocast RT-DETR's encoder boxes are bf16 and the decoder's float32; where the op does not cost the
+    bf16 part (no dtype plan for it), that part is costed by the family's operations and the decoder's by the op, one
+    call for each run of one dtype (core.by_dtypes), still in one solve, each call's matches the matcher's own."""
+    solves, parts_calls = [], []
+    solve, parts_cost = core.solve, lt.ops.detr_family_parts_cost
+    monkeypatch.setattr(core, "solve", lambda problems, where, backend, layers=1: solves.append(layers)
+                        or solve(problems, where, backend, layers))
+    monkeypatch.setattr(lt.ops, "detr_family_parts_cost", lambda scores, *a, **k: parts_calls.append(len(scores))
+                        or parts_cost(scores, *a, **k))
+    plan = lt._dtype_plan
+    monkeypatch.setattr(lt, "_dtype_plan", lambda m, fam, kind, logits, boxes, objects: None
+                        if boxes.dtype == torch.bfloat16 else plan(m, fam, kind, logits, boxes, objects))
+    spec = FAMILIES["RT-DETR"]
+    torch.manual_seed(0)
+    model = spec.make()
+    model.train()
+    inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(2))}
+    labels = _labels([3, 0, 6])
+    with lt.patched("kernel"), torch.autocast("cpu", dtype=torch.bfloat16):
+        lt._plans.clear()
+        cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
+        _loss(model, inputs, labels)  # the class's first call, checked
+        solves.clear()
+        parts_calls.clear()
+        with _each_call_compared(cls) as calls:
+            _loss(model, inputs, labels)
+    lt._plans.clear()
+    assert all(calls) and len(solves) == 1 and solves[0] >= len(calls), (solves, calls)
+    assert parts_calls == [1], parts_calls  # the float32 decoder's run alone by the op
+
+
 def test_layer_matches_follow_their_inputs(library):
     """A layer's matches are served from its stack's first call only while the stack, the objects and the view are
     what they were: after an in-place change, with other objects, or on another slice, the call matches afresh."""

@@ -330,15 +330,15 @@ def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.La
 
 def _parts_problems(m, fam: _Family, kinds: list, views: list, targets: list, where: core.Layout, sanitize: bool):
     """core.by_dtypes's result for the parts of a loss call (``views``: each part's (logits, boxes) stacks, ``kinds``
-    their kinds of call, None where not checked as equal to the family's) in one call of the op, where the device
-    takes every part at once (FAMILY_PARTS_DEVICES) and the op computes each checked part; else None."""
+    their kinds of call, None where not checked as equal to the family's: left out) in one call of the op, where the
+    device takes every part at once (FAMILY_PARTS_DEVICES) and the op computes each checked part; else None."""
     logits = views[0][0]
     if logits.device.type not in FAMILY_PARTS_DEVICES or kinds[0] is None:
         return None
     labels, objects = _objects_of(targets)
     plans = [None if k is None else _op_usable(m, fam, k, *v, objects, where) for k, v in zip(kinds, views)]
-    if plans[0] is None:
-        return None
+    if any(k is not None and plan is None for k, plan in zip(kinds, plans)):
+        return None  # a checked part the op does not compute: each run of one dtype on its own (core.by_dtypes)
     kept = [plan is not None for plan in plans]
     problems = _op_problems(m, fam, [p for p in plans if p is not None], [v for v, k in zip(views, kept) if k],
                             labels, objects, where, sanitize)
