@@ -261,6 +261,31 @@ def _each_call_compared(cls):
         cls.forward = patched_forward
 
 
+def _count_solves(monkeypatch) -> list:
+    """The layers of each call of the core's solve while the test runs (a list that grows)."""
+    solves, solve = [], core.solve
+    monkeypatch.setattr(core, "solve", lambda problems, where, backend, layers=1: solves.append(layers)
+                        or solve(problems, where, backend, layers))
+    return solves
+
+
+def _a_later_loss_call(model, spec, region, *counters) -> list:
+    """A loss call of ``model`` (in training, on three images) after the matcher class's first, checked one, with
+    ``counters`` emptied in between: whether each of its matcher calls matched as the matcher's own."""
+    model.train()
+    inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(2))}
+    labels = _labels([3, 0, 6])
+    autocast = (lambda: torch.autocast("cpu", dtype=region)) if region else contextlib.nullcontext
+    with lt.patched("kernel"), autocast():
+        cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
+        _loss(model, inputs, labels)  # the class's first call, checked
+        for counter in counters:
+            counter.clear()
+        with _each_call_compared(cls) as calls:
+            _loss(model, inputs, labels)
+    return calls
+
+
 @pytest.mark.parametrize("region", [None, torch.bfloat16], ids=["float32", "bf16 autocast"])
 @pytest.mark.parametrize("family", ["DETR", "Deformable DETR", "RT-DETR", "LW-DETR"])
 def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, region, monkeypatch):
@@ -269,10 +294,8 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, reg
     (RT-DETR's proposals, LW-DETR's); each call's matches the matcher's own (LW-DETR: in query groups); a call served
     from the loss call's solve reads nothing else of its call (not its kind). Under bf16 autocast RT-DETR's and
     LW-DETR's encoder boxes are bf16 and the decoder's float32: costed apart, solved together."""
-    solves, kinds = [], []
-    solve, usable = core.solve, lt._blocks_usable
-    monkeypatch.setattr(core, "solve", lambda problems, where, backend, layers=1: solves.append(layers)
-                        or solve(problems, where, backend, layers))
+    solves, kinds = _count_solves(monkeypatch), []
+    usable = lt._blocks_usable
     monkeypatch.setattr(lt, "_blocks_usable", lambda *a: kinds.append(1) or usable(*a))
     spec = FAMILIES[family]
     torch.manual_seed(0)
@@ -280,17 +303,7 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, reg
     # that two calls are of a stack
     model = {"DETR": lambda: _detr_like(tf.DetrConfig, tf.DetrForObjectDetection, 3, d_model=16),
              "LW-DETR": lambda: _lw_detr(3)}.get(family, spec.make)()
-    model.train()
-    inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(2))}
-    labels = _labels([3, 0, 6])
-    autocast = (lambda: torch.autocast("cpu", dtype=region)) if region else contextlib.nullcontext
-    with lt.patched("kernel"), autocast():
-        cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
-        _loss(model, inputs, labels)  # the class's first call, checked
-        solves.clear()
-        kinds.clear()
-        with _each_call_compared(cls) as calls:
-            _loss(model, inputs, labels)
+    calls = _a_later_loss_call(model, spec, region, solves, kinds)
     assert all(calls) and len(solves) == 1 and solves[0] >= len(calls), (solves, calls)
     assert len(kinds) == len(solves), (kinds, solves)
 
@@ -299,10 +312,8 @@ def test_a_part_the_op_does_not_cost_is_costed_by_its_dtype_and_joined(library, 
     """Under bf16 autocast RT-DETR's encoder boxes are bf16 and the decoder's float32; where the op does not cost the
     bf16 part (no dtype plan for it), that part is costed by the family's operations and the decoder's by the op, one
     call for each run of one dtype (core.by_dtypes), still in one solve, each call's matches the matcher's own."""
-    solves, parts_calls = [], []
-    solve, parts_cost = core.solve, lt.ops.detr_family_parts_cost
-    monkeypatch.setattr(core, "solve", lambda problems, where, backend, layers=1: solves.append(layers)
-                        or solve(problems, where, backend, layers))
+    solves, parts_calls = _count_solves(monkeypatch), []
+    parts_cost = lt.ops.detr_family_parts_cost
     monkeypatch.setattr(lt.ops, "detr_family_parts_cost", lambda scores, *a, **k: parts_calls.append(len(scores))
                         or parts_cost(scores, *a, **k))
     plan = lt._dtype_plan
@@ -310,18 +321,8 @@ def test_a_part_the_op_does_not_cost_is_costed_by_its_dtype_and_joined(library, 
                         if boxes.dtype == torch.bfloat16 else plan(m, fam, kind, logits, boxes, objects))
     spec = FAMILIES["RT-DETR"]
     torch.manual_seed(0)
-    model = spec.make()
-    model.train()
-    inputs = {"pixel_values": torch.rand(3, 3, spec.size, spec.size, generator=torch.Generator().manual_seed(2))}
-    labels = _labels([3, 0, 6])
-    with lt.patched("kernel"), torch.autocast("cpu", dtype=torch.bfloat16):
-        lt._plans.clear()
-        cls = next(c for c in lt.STATE.originals if c.__name__ == spec.matcher)
-        _loss(model, inputs, labels)  # the class's first call, checked
-        solves.clear()
-        parts_calls.clear()
-        with _each_call_compared(cls) as calls:
-            _loss(model, inputs, labels)
+    lt._plans.clear()
+    calls = _a_later_loss_call(spec.make(), spec, torch.bfloat16, solves, parts_calls)
     lt._plans.clear()
     assert all(calls) and len(solves) == 1 and solves[0] >= len(calls), (solves, calls)
     assert parts_calls == [1], parts_calls  # the float32 decoder's run alone by the op
