@@ -79,6 +79,10 @@ def main(output_dir: str, cuda: bool = False):
     rank = os.environ.get("RANK", "?")
     print(f"lucid-assign-check rank {rank}: {len(calls)} matcher calls, {sum(calls)} the same as transformers' own; "
           f"patched {lt.is_patched()}; world size {trainer.args.world_size}", file=sys.stderr, flush=True)
+    if torch.distributed.is_initialized():  # the ranks end together, their process group taken down (a rank that
+        # exits with it alive may abort in its teardown: "terminate called without an active exception")
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
