@@ -336,23 +336,6 @@ def test_the_detr_pattern_bench_runs_and_agrees(tmp_path, library):
                                                                                           (5, True, 3, 0)]
 
 
-def test_the_lsap_warps_bench_runs_each_solver_in_a_process_of_its_own(tmp_path, library):
-    """bench/lsap_warps.py, tiny, on the CPU (where the switch changes nothing): the default first and last around each
-    warp count asked for, one record, a line per shape and kind of costs with each run's time."""
-    path, _ = _bench_script("lsap_warps")
-    out = tmp_path / "warps.json"
-    run = subprocess.run([sys.executable, path, "--device", "cpu", "--shapes", "2x9x4", "--costs", "uniform",
-                          "trained", "--warps", "1", "4", "--reps", "1", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    runs = json.loads(out.read_text())["runs"]
-    assert [r["warps"] for r in runs] == ["default", "1", "4", "default"]
-    want = [("2x9x4", "uniform"), ("2x9x4", "trained")]
-    assert all([(x["shape"], x["costs"]) for x in r["record"]["results"]] == want for r in runs)
-    rows = [line.split() for line in run.stdout.splitlines() if line.split()[:1] == ["2x9x4"]]
-    assert [r[1] for r in rows] == ["uniform", "trained"] and all(len(r) == 2 + 2 * len(runs) for r in rows)
-
-
 def test_the_matcher_ops_bench_counts_a_loss_call(library):
     """bench/matcher_ops.py, tiny: each family's loss call, own and patched, counted; the transformers families'
     patched one within the goal of the issue "The DETR cost in one launch" on the CPU: 12 operations or fewer, one

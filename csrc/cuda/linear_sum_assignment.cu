@@ -3,13 +3,14 @@
 // SciPy's column by reductions in the order of lsap.h (chosen_before); the steps between scans (SciPy's list of
 // remaining columns, the duals, the flip along the path) are SciPy's.
 //
-// Two kernels. lsap_registers (up to 1,024 columns): a block of up to 8 warps, each thread keeping its columns' state
-// in registers (at most 4 columns), reads each row of the cost in the solver's orientation (for tall problems a
-// transposed copy, so that a warp's reads are contiguous, unless every row fits the cache) and keeps the rows it has
-// read in shared memory where they fit;
-// each step every warp settles its lanes by integer warp reductions and the warps' winners meet in shared memory, one
-// barrier a step. A step is a chain of dependent instructions (Nsight Compute: each waits on the one before), so
-// several warps (on the SM's four schedulers) with few columns each beat one warp with many.
+// Two kernels. lsap_registers (up to 1,024 columns): a block of W = 1, 2, 4 or 8 warps (a compile-time W, chosen by
+// the problem's columns: registers_warps), each thread keeping its columns' state in registers (at most 4 columns),
+// reads each row of the cost in the solver's orientation (for tall problems a transposed copy, so that a warp's reads
+// are contiguous, unless every row fits the cache) and keeps the rows it has read in shared memory where they fit;
+// each step every thread picks its least column by a tree, every warp settles its lanes by integer warp reductions and
+// the warps' winners meet in shared memory, one barrier a step (none for one warp). A step is a chain of dependent
+// instructions (Nsight Compute: each waits on the one before), so several warps (on the SM's four schedulers) with
+// few columns each beat one warp with many.
 // lsap_memory (any size): one warp, the state in shared memory, or in a global workspace for problems too large for
 // it. SciPy refuses a cost holding NaN or -inf before it solves; each solver checks each row at the first step of the
 // search that starts from it (every row starts one, and is read whole there), and, where a search finds no column in
@@ -23,7 +24,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 
 #include "cuda/launch.cuh"
@@ -191,180 +191,6 @@ struct RowState {
   }
 };
 
-// One block of W warps (blockDim.x = 32 W) solves one problem of up to 32 W L columns: thread x keeps columns
-// x + 32 W k (k < L) in registers. Each step every warp reduces its lanes' columns, the warps' winners meet in shared
-// memory, and every thread reads all kMaxWarps of them at once (unused ones stay at +inf) and joins them in a tree;
-// so the warps of an SM's four schedulers share the scan. A search reaches only row `cur` (its first step) and rows
-// matched before it (rows < cur), and thread x only ever reads its own columns of a row: so row cur + 1 is loaded
-// into registers while search cur runs (its latency hidden), and each thread keeps its columns of the first
-// `cache_rows` rows in shared memory once it has read them (no barrier: no other thread reads them), so that a later
-// step reads them there instead of from L1 or L2.
-template <typename T, int L>
-__global__ void __launch_bounds__(kMaxWarps * kWarp)
-    lsap_registers(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
-                   const int64_t* __restrict__ sizes, int32_t cache_rows, const lsap::Result result,
-                   int32_t* __restrict__ info) {
-  extern __shared__ __align__(16) char smem[];
-  const int64_t b = blockIdx.x;
-  const int tid = threadIdx.x, lane = tid & (kWarp - 1), warp = tid / kWarp;
-  const int threads = blockDim.x;
-  const lsap::Result out = result.at(b);
-  int64_t width;
-  if (!start_problem(b, tid, threads, R, C, sizes, out, info, width)) return;
-  const bool transposed = lsap::solved_transposed(R, width);
-  const int32_t nr = static_cast<int32_t>(transposed ? width : R), nc = static_cast<int32_t>(transposed ? R : width);
-  const Costs<T> at(cost, cost_t, b, R, C, transposed);
-  const RowState s = RowState::at(smem, nr, nc);
-  T* cache = reinterpret_cast<T*>(s.cache);
-  const int32_t cached = min(cache_rows, nr);
-  for (int32_t i = tid; i < nr; i += threads) {
-    s.u[i] = 0;
-    s.col4row[i] = -1;
-  }
-  for (int32_t t = tid; t < nc; t += threads) s.row4col[t] = -1;
-  if (tid < 2 * kMaxWarps) s.candidates[tid] = Candidate{lsap::kInf, lsap::kNoColumn, 0};
-  double v[L], spc[L];
-  int32_t pos[L], match[L];
-  T next[L];  // this thread's columns of row cur + 1, loaded during search cur
-#pragma unroll
-  for (int k = 0; k < L; ++k) {
-    const int32_t t = tid + threads * k;
-    v[k] = 0;
-    match[k] = -1;
-    next[k] = t < nc ? at.base[t * at.stride_t] : T(0);
-  }
-  __syncthreads();
-
-  int32_t round = 0;
-  for (int32_t cur = 0; cur < nr; ++cur) {
-    T first[L];
-    bool invalid = false;  // NaN or -inf among this thread's columns of row cur: offered at the search's first step
-#pragma unroll
-    for (int k = 0; k < L; ++k) {
-      const int32_t t = tid + threads * k;
-      first[k] = next[k];
-      spc[k] = lsap::kInf;
-      pos[k] = t < nc ? nc - 1 - t : kAbsent;
-      if (t < nc) invalid |= lsap::invalid_entry(static_cast<double>(first[k]));
-      if (cur < cached && t < nc) cache[static_cast<int64_t>(cur) * nc + t] = first[k];
-    }
-    if (cur + 1 < nr) {
-      const T* row = at.base + (cur + 1) * at.stride_s;
-#pragma unroll
-      for (int k = 0; k < L; ++k) {
-        const int32_t t = tid + threads * k;
-        if (t < nc) next[k] = row[t * at.stride_t];
-      }
-    }
-    double min_val = 0;
-    int32_t i = cur, left = nc, sink = -1;
-    while (sink < 0) {
-      const double u_i = s.u[i];
-      T c[L];
-      if (i == cur) {
-#pragma unroll
-        for (int k = 0; k < L; ++k) c[k] = first[k];
-      } else if (i < cached) {
-        const T* row = cache + static_cast<int64_t>(i) * nc;
-#pragma unroll
-        for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[tid + threads * k] : T(0);
-      } else {
-        const T* row = at.base + i * at.stride_s;
-#pragma unroll
-        for (int k = 0; k < L; ++k) c[k] = pos[k] >= 0 ? row[(tid + threads * k) * at.stride_t] : T(0);
-      }
-      double best = lsap::kInf;
-      uint32_t best_key = lsap::kNoColumn;
-      int best_slot = 0;
-#pragma unroll
-      for (int k = 0; k < L; ++k) {
-        if (pos[k] < 0) continue;
-        const double r = lsap::path_cost(min_val, static_cast<double>(c[k]), u_i, v[k]);
-        if (r < spc[k]) {
-          s.path[tid + threads * k] = i;
-          spc[k] = r;
-        }
-        const uint32_t key = lsap::scan_key(match[k] == -1, pos[k]);
-        if (lsap::chosen_before(spc[k], key, best, best_key)) {
-          best = spc[k];
-          best_key = key;
-          best_slot = k;
-        }
-      }
-      if (invalid) {  // only ever at a search's first step: the problem ends there
-        best = -lsap::kInf;
-        best_key = lsap::kInvalidKey;
-      }
-      Candidate* candidates = s.candidates + (round & 1) * kMaxWarps;
-      if (lane == warp_winner(best, best_key)) {
-        const uint32_t column = static_cast<uint32_t>(tid + threads * best_slot);
-        candidates[warp] = Candidate{best, best_key, column | static_cast<uint32_t>(pick(match, best_slot) + 1) << 16};
-      }
-      __syncthreads();
-      Candidate x[kMaxWarps];
-#pragma unroll
-      for (int w = 0; w < kMaxWarps; ++w) x[w] = candidates[w];
-#pragma unroll
-      for (int span = 1; span < kMaxWarps; span *= 2) {
-#pragma unroll
-        for (int w = 0; w + span < kMaxWarps; w += 2 * span) {
-          if (lsap::chosen_before(x[w + span].cost, x[w + span].key, x[w].cost, x[w].key)) x[w] = x[w + span];
-        }
-      }
-      const Candidate chosen = x[0];
-      ++round;
-      min_val = chosen.cost;
-      if (chosen.key == lsap::kInvalidKey) {  // row cur holds NaN or -inf
-        if (tid == 0) info[b] = lsap::kInvalidEntry;
-        return;
-      }
-      if (min_val == lsap::kInf) {  // every column left is out of reach
-        const auto any = [](bool found) { return __syncthreads_or(found) != 0; };
-        const int32_t ended = unreachable_ends(at, cur, nr, nc, tid, threads, any);
-        if (tid == 0) info[b] = ended;
-        return;
-      }
-      const int32_t p = lsap::key_position(chosen.key);
-      const int32_t column = static_cast<int32_t>(chosen.where & 0xFFFFu);
-      const int32_t row = static_cast<int32_t>(chosen.where >> 16) - 1;
-      --left;
-#pragma unroll
-      for (int k = 0; k < L; ++k) {
-        if (pos[k] == left) pos[k] = p;
-        if (tid + threads * k == column) pos[k] = kOnTree;  // the chosen column onto the tree, found without dividing
-      }
-      if (row == -1) {
-        sink = column;
-      } else {
-        i = row;
-      }
-    }
-    if (tid == 0) s.u[cur] += min_val;
-#pragma unroll
-    for (int k = 0; k < L; ++k) {
-      if (pos[k] != kOnTree) continue;
-      const double d = min_val - spc[k];
-      if (match[k] >= 0) s.u[match[k]] += d;
-      v[k] -= d;
-    }
-    // the flip reads only what the step's barrier published (path) and what thread 0 wrote (the matches), and no one
-    // reads the row duals before the barrier after it: one barrier a search
-    if (tid == 0) lsap::flip_path(s.path, s.row4col, s.col4row, cur, sink);
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < L; ++k) {
-      const int32_t t = tid + threads * k;
-      if (t < nc) match[k] = s.row4col[t];
-    }
-  }
-  write_results(
-      transposed, nr, nc, tid, threads, [&](int64_t i) { return s.col4row[i]; },
-      [&](int64_t t) { return s.row4col[t]; }, out);
-  if (tid == 0) info[b] = lsap::kSolved;
-}
-
-// ---- lsap_warps: the candidate successor of lsap_registers (taken only with LUCID_LSAP_WARPS set) ---------------
-
 // A thread's least (cost, key) over its L columns in lsap::chosen_before's order, by a tree (its depth log2 L, where
 // a scan over the columns in turn is a chain of L - 1 comparisons), and the slot it came from.
 template <int L>
@@ -389,13 +215,17 @@ __device__ __forceinline__ void thread_pick(double (&d)[L], uint32_t (&key)[L], 
   best_slot = slot[0];
 }
 
-// lsap_registers with the warps a compile-time W: thread x keeps columns x + 32 W k (k < L) in registers and picks
-// its least by a tree. One warp (W = 1) needs no join: the warp's winner is read from its lane by shuffles, with no
-// shared memory and no barrier a step. Several warps join their W winners as lsap_registers does, over W candidates
-// instead of kMaxWarps.
+// One block of W warps solves one problem of up to 32 W L columns: thread x keeps columns x + 32 W k (k < L) in
+// registers and picks its least by a tree. One warp (W = 1) needs no join: the warp's winner is read from its lane by
+// shuffles, with no shared memory and no barrier a step. Several warps write their winners to shared memory, and every
+// thread reads the W of them at once and joins them in a tree. A search reaches only row `cur` (its first step) and
+// rows matched before it (rows < cur), and thread x only ever reads its own columns of a row: so row cur + 1 is loaded
+// into registers while search cur runs (its latency hidden), and each thread keeps its columns of the first
+// `cache_rows` rows in shared memory once it has read them (no barrier: no other thread reads them), so that a later
+// step reads them there instead of from L1 or L2.
 template <typename T, int W, int L>
 __global__ void __launch_bounds__(W * kWarp)
-    lsap_warps(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
+    lsap_registers(const T* __restrict__ cost, const T* __restrict__ cost_t, int64_t R, int64_t C,
                const int64_t* __restrict__ sizes, int32_t cache_rows, const lsap::Result result,
                int32_t* __restrict__ info) {
   constexpr int threads = W * kWarp;
@@ -732,26 +562,27 @@ __global__ void __launch_bounds__(kWarp) lsap_memory(const T* __restrict__ cost,
   if (lane == 0) info[b] = lsap::kSolved;
 }
 
-// LUCID_LSAP_WARPS=W (1, 2, 4 or 8) sends float32 problems of up to 32 W L columns (L at most 10, 8, 5, 4) to
-// lsap_warps with W warps: a switch for measuring it against lsap_registers until it has been measured on a GPU.
-int forced_warps() {
-  static const int warps = [] {
-    const char* value = std::getenv("LUCID_LSAP_WARPS");
-    const int w = value ? std::atoi(value) : 0;
-    return w == 1 || w == 2 || w == 4 || w == 8 ? w : 0;
-  }();
-  return warps;
+// lsap_registers' warps for a problem of nc columns (at most 1,024): the fewest of 1, 2, 4 and 8 that give each thread
+// at most 3 columns, and 8 above 768 columns (4 a thread). Measured on an H100 (docs/performance.md, "Hungarian
+// matching"): at 300 columns 4 warps (3 a thread) beat 1, 2 and 8, and at 600 columns 8 warps beat 4.
+constexpr int kMaxColumnsPerThread = 4;
+int registers_warps(int64_t nc) {
+  for (int warps = 1; warps < kMaxWarps; warps *= 2) {
+    if (nc <= 3 * kWarp * warps) return warps;
+  }
+  return kMaxWarps;
 }
 
-constexpr int max_columns_per_thread(int warps) { return warps == 1 ? 10 : warps == 2 ? 8 : warps == 4 ? 5 : 4; }
-
-// lsap_warps<T, W, l> for an l known at run time (1 <= l <= max_columns_per_thread(W)), handed to `launch`.
-template <typename T, int W, int L = 1, typename Launch>
-void launch_warps(int64_t l, const Launch& launch) {
-  if constexpr (L < max_columns_per_thread(W)) {
-    if (l > L) return launch_warps<T, W, L + 1>(l, launch);
+// lsap_registers<T, W, l> for an l known at run time, handed to `launch`: l from L (1 for one warp, else 2: more warps
+// come only past 3 columns a thread) up to Last (3, and kMaxColumnsPerThread for 8 warps), the kernels
+// registers_warps can choose.
+template <typename T, int W, int L = W == 1 ? 1 : 2, typename Launch>
+void launch_registers(int64_t l, const Launch& launch) {
+  constexpr int Last = W == kMaxWarps ? kMaxColumnsPerThread : 3;
+  if constexpr (L < Last) {
+    if (l > L) return launch_registers<T, W, L + 1>(l, launch);
   }
-  launch(lsap_warps<T, W, L>);
+  launch(lsap_registers<T, W, L>);
 }
 
 void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<at::Tensor>& sizes,
@@ -765,16 +596,11 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
   const auto stream = at::cuda::getCurrentCUDAStream();
   const auto* props = at::cuda::getCurrentDeviceProperties();
   const int64_t* n_ptr = n.defined() ? n.data_ptr<int64_t>() : nullptr;
-  // up to 1,024 columns, lsap_registers: W warps with up to L columns a thread, W growing first (2 columns a thread up
-  // to 512), and the rows it reads kept in shared memory where they fit: what the SM holds, shared by the blocks that
-  // must run on it at once
-  int64_t warps = std::min<int64_t>(kMaxWarps, std::max<int64_t>(1, (nc + 2 * kWarp - 1) / (2 * kWarp)));
-  int64_t per_thread = (nc + kWarp * warps - 1) / (kWarp * warps);
-  const int forced = forced_warps();
-  const int64_t forced_per_thread = forced ? std::max<int64_t>(1, (nc + kWarp * forced - 1) / (kWarp * forced)) : 0;
-  const bool in_warps = forced && c.scalar_type() == at::kFloat && forced_per_thread <= max_columns_per_thread(forced);
-  if (in_warps) warps = forced, per_thread = forced_per_thread;
-  const bool in_registers = in_warps || per_thread <= 4;
+  // up to 1,024 columns, lsap_registers: W warps with up to L columns a thread (registers_warps), and the rows it
+  // reads kept in shared memory where they fit: what the SM holds, shared by the blocks that must run on it at once
+  const int warps = registers_warps(nc);
+  const int64_t per_thread = std::max<int64_t>(1, (nc + kWarp * warps - 1) / (kWarp * warps));
+  const bool in_registers = per_thread <= kMaxColumnsPerThread;
   const int64_t per_sm = (d.B + props->multiProcessorCount - 1) / props->multiProcessorCount;
   const int64_t room = std::min<int64_t>(props->sharedMemPerBlockOptin,
                                          static_cast<int64_t>(props->sharedMemPerMultiprocessor) / per_sm -
@@ -799,18 +625,10 @@ void solve_cuda(const LsapDims& d, const at::Tensor& cost, const std::optional<a
                            info.data_ptr<int32_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };
-      if constexpr (std::is_same_v<T, float>) {
-        if (in_warps) {
-          if (warps == 1) return launch_warps<T, 1>(per_thread, launch);
-          if (warps == 2) return launch_warps<T, 2>(per_thread, launch);
-          if (warps == 4) return launch_warps<T, 4>(per_thread, launch);
-          return launch_warps<T, 8>(per_thread, launch);
-        }
-      }
-      if (per_thread <= 1) return launch(lsap_registers<T, 1>);
-      if (per_thread <= 2) return launch(lsap_registers<T, 2>);
-      if (per_thread <= 3) return launch(lsap_registers<T, 3>);
-      return launch(lsap_registers<T, 4>);
+      if (warps == 1) return launch_registers<T, 1>(per_thread, launch);
+      if (warps == 2) return launch_registers<T, 2>(per_thread, launch);
+      if (warps == 4) return launch_registers<T, 4>(per_thread, launch);
+      return launch_registers<T, 8>(per_thread, launch);
     }
     // wider problems: the state in shared memory, or in a global workspace when too large for it
     const int64_t state_bytes = State::bytes(nr, nc);

@@ -210,7 +210,7 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
 # call (each stack or output of its own, of its own dtypes) in one call of detr_cost.parts, rather than each run of
 # parts of one dtype in a call of detr_cost.family.
 FAMILY_COST_DEVICES = ("cpu", "cuda")
-FAMILY_PARTS_DEVICES = ("cpu",)
+FAMILY_PARTS_DEVICES = ("cpu", "cuda")
 _plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None (not in the op's dtypes)
 
 
