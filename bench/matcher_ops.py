@@ -115,7 +115,7 @@ def around_rfdetr(_, around):
 def setup(family: str, args, objects: int):
     """(a loss call: a function of no argument, the patch's context) of a family's model on a synthetic batch."""
     device = args.device
-    region = torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    region = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     if family == RFDETR:
         from rfdetr.utilities.tensors import NestedTensor
         from train_step_rfdetr import CLASSES, build as build_rfdetr
@@ -204,7 +204,8 @@ def profile(family: str, args, objects: int) -> None:
                 stack.enter_context(core.loss_call(m, inputs))
         return stack
 
-    region = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16)  # the loss's, as loss_call's
+    region = torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16,
+                            enabled=args.precision == "bf16")  # the loss's, as loss_call's
 
     with context:
         loss_call()
@@ -239,6 +240,10 @@ def profile(family: str, args, objects: int) -> None:
             f"{e.key[:60]} {total(e) / 1e3:.3f} ({e.count})" for e in sorted(kernels, key=lambda e: -total(e))[:8]))
 
 
+def _precision(args) -> str:
+    return "bf16 autocast" if args.precision == "bf16" else "float32"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
@@ -248,17 +253,21 @@ def main(argv=None) -> int:
     p.add_argument("--objects", type=int, nargs="+", default=[10])
     p.add_argument("--top", action="store_true", help="also the most dispatched operations of each")
     p.add_argument("--profile", action="store_true", help="where each patched call's time goes (torch.profiler)")
+    p.add_argument("--precision", choices=("bf16", "float32"), default="bf16",
+                   help="the forward and loss under bf16 autocast (as trained), or in float32")
     p.add_argument("--cost-op", choices=("on", "off", "default"), default="default",
-                   help="the patched matchers' cost by torch.ops.lucid.detr_cost.family on this device, or not "
-                        "(default: transformers.FAMILY_COST_DEVICES)")
+                   help="the patched matchers' cost by the detr_cost ops on this device, or not (default: "
+                        "transformers.FAMILY_COST_DEVICES, rfdetr.COST_DEVICES)")
     args = p.parse_args(argv)
     if args.cost_op != "default":
-        others = tuple(d for d in lt.FAMILY_COST_DEVICES if d != torch.device(args.device).type)
-        lt.FAMILY_COST_DEVICES = others + ((torch.device(args.device).type,) if args.cost_op == "on" else ())
+        here = torch.device(args.device).type
+        lt.FAMILY_COST_DEVICES = tuple(d for d in lt.FAMILY_COST_DEVICES if d != here) + (
+            (here,) if args.cost_op == "on" else ())
+        lr.COST_DEVICES = tuple(d for d in lr.COST_DEVICES if d != here) + ((here,) if args.cost_op == "on" else ())
     import transformers
 
     if args.profile:
-        print(f"the patched matcher's calls of one loss call under torch.profiler, bf16 autocast, {args.device}, "
+        print(f"the patched matcher's calls of one loss call under torch.profiler, {_precision(args)}, {args.device}, "
               f"torch {torch.__version__}, transformers {transformers.__version__}")
         for family in args.families:
             for objects in args.objects:
@@ -266,8 +275,9 @@ def main(argv=None) -> int:
         return 0
     print(f"matcher calls of one loss call, batch {args.batch} at {args.imgsz or 'the default'} px, "
           f"{args.objects[0]} objects per image, "
-          f"bf16 autocast, {args.device}, torch {torch.__version__}, transformers {transformers.__version__}, the cost "
-          f"op on {', '.join(lt.FAMILY_COST_DEVICES) or 'no device'}")
+          f"{_precision(args)}, {args.device}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"the cost op on {', '.join(lt.FAMILY_COST_DEVICES) or 'no device'} (RF-DETR's on "
+          f"{', '.join(lr.COST_DEVICES) or 'no device'})")
     print(f"{'family':<16} {'matcher':<8} {'calls':>5} {'ops':>6} {'syncs':>5} {'ms':>9}")
     for family in args.families:
         for patched in (False, True):

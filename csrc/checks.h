@@ -369,8 +369,9 @@ inline FamilyCostDims check_family_cost_args(const at::Tensor& scores, const at:
   TORCH_CHECK_VALUE(groups >= 1 && Q % groups == 0, "groups must be >= 1 and divide the queries (", Q, "), got ",
                     groups);
   TORCH_CHECK_VALUE(gains.size() == 3, "gains must be 3 numbers (class, bbox, giou), got ", gains.size());
-  TORCH_CHECK_VALUE(class_term == 0 || class_term == 1,
-                    "class_term must be 0 (minus the given probability) or 1 (focal), got ", class_term);
+  TORCH_CHECK_VALUE(class_term >= 0 && class_term <= 2,
+                    "class_term must be 0 (minus the given probability), 1 (focal) or 2 (RF-DETR's), got ",
+                    class_term);
   TORCH_CHECK_VALUE(std::isfinite(gamma) && gamma >= 0, "gamma must be a finite number >= 0, got ", gamma);
   TORCH_CHECK_VALUE(l1_order == 0 || l1_order == 1,
                     "l1_order must be 0 (in turn) or 1 ((dx + dw) + (dy + dh)), got ", l1_order);
@@ -404,9 +405,14 @@ inline FamilyCostDims check_family_cost_args(const at::Tensor& scores, const at:
   return {L, B, Q, C, N, width, groups};
 }
 
+// detr_cost.parts' class_kind (0 softmax, 1 focal, 2 focal of the object's probability, 3 RF-DETR's) as the class
+// term of detr_cost.family that its kernels compute from the scores (0 minus the softmax's probability, 1 focal, 2
+// RF-DETR's).
+inline int64_t parts_class_term(int64_t class_kind) { return class_kind == 0 ? 0 : class_kind == 3 ? 2 : 1; }
+
 // detr_cost.parts: several stacks (parts) of one loss call, each (L_p, B, Q, .) with its own 9 dtype codes, against
-// the same objects; each part checked as detr_cost.family's stack is (its class term from its scores: 0 where
-// class_kind is 0, the softmax's probability, else 1, focal). Returns each part's dims.
+// the same objects; each part checked as detr_cost.family's stack is (with its class term parts_class_term). Returns
+// each part's dims.
 inline std::vector<FamilyCostDims> check_family_parts_args(at::TensorList scores, at::TensorList boxes,
                                                            const at::Tensor& labels, const at::Tensor& objects,
                                                            const at::Tensor& sizes, int64_t width, int64_t groups,
@@ -419,8 +425,8 @@ inline std::vector<FamilyCostDims> check_family_parts_args(at::TensorList scores
                     "scores (", P, "), got ", boxes.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(dtypes.size()) == 9 * P, "dtypes must be 9 codes per part (", 9 * P,
                     " for ", P, " parts), got ", dtypes.size());
-  TORCH_CHECK_VALUE(class_kind >= 0 && class_kind <= 2, "class_kind must be 0 (softmax), 1 (focal) or 2 (focal of "
-                    "the object's probability), got ", class_kind);
+  TORCH_CHECK_VALUE(class_kind >= 0 && class_kind <= 3, "class_kind must be 0 (softmax), 1 (focal), 2 (focal of "
+                    "the object's probability) or 3 (RF-DETR's), got ", class_kind);
   std::vector<FamilyCostDims> dims;
   dims.reserve(P);
   for (int64_t p = 0; p < P; ++p) {
@@ -431,7 +437,7 @@ inline std::vector<FamilyCostDims> check_family_parts_args(at::TensorList scores
                         scores[0].size(2), "), got ", scores[p].sizes());
     }
     dims.push_back(check_family_cost_args(scores[p], boxes[p], labels, objects, sizes, width, groups, gains,
-                                          class_kind == 0 ? 0 : 1, gamma, l1_order, dtypes.slice(9 * p, 9),
+                                          parts_class_term(class_kind), gamma, l1_order, dtypes.slice(9 * p, 9),
                                           c10::nullopt));
   }
   return dims;

@@ -110,9 +110,10 @@ LUCID_HD float column_cost(const Score* scores, int64_t C, const float* pd, cons
   return pair_cost(static_cast<float>(scores[c]), pd, object ? gt + g * 4 : zero_box, s);
 }
 
-// ---- the cost of transformers' DETR-family matchers ------------------------------------------------------------
+// ---- the cost of transformers' DETR-family matchers and of RF-DETR's ---------------------------------------------
 // (docs/spec.md, "DETR family cost"). Each family (DETR's softmax, the focal families: Deformable DETR, RT-DETR,
-// LW-DETR) builds its cost from the query's class scores and box against the object's class and box, as a chain of
+// LW-DETR; RF-DETR's detection cost) builds its cost from the query's class scores and box against the object's class
+// and box, as a chain of
 // PyTorch operations; each operation computes in float32 (PyTorch's opmath for float16 and bfloat16) and rounds its
 // result to its tensor's dtype. FamilySettings names the dtype of each step (the caller reads them off the family's
 // own operations in the call's autocast region); `round_as` is that rounding, round to nearest even.
@@ -122,6 +123,7 @@ enum DtypeCode : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 enum ClassTerm : int {
   kClassProbability = 0,  // minus the given probability of the object's class (a softmax's, computed by PyTorch)
   kClassFocal = 1,        // the focal terms of sigmoid(logit of the object's class)
+  kClassRfdetr = 2,       // RF-DETR's: the focal terms through log-sigmoid, and RF-DETR's boxes (family_cost)
 };
 
 LUCID_HD float round_as(float x, int code) {
@@ -177,11 +179,32 @@ LUCID_HD float focal_term(float p, const FamilySettings& s) {
   return round_as(sub(pos, neg), s.cls);
 }
 
-// The class term of a query's score x for the object's class: minus x (a probability) or the focal term of
-// sigmoid(x) (sigmoid rounded to s.prob), in dtype s.cls.
+// log(sigmoid(x)) as PyTorch's CUDA kernel computes it: min(0, x) - log1p(exp(-|x|)).
+LUCID_HD float log_sigmoid(float x) {
+  using namespace geom;
+  return sub(x < 0.0f ? x : 0.0f, log1p_(exp_(-::fabsf(x))));
+}
+
+// RF-DETR's focal term of a logit x (dtype s.prob): alpha * (1 - p)^gamma * -log_sigmoid(x) minus
+// (1 - alpha) * p^gamma * -log_sigmoid(-x), p = sigmoid(x); p and 1 - p round to s.prob, the log-sigmoids to s.log,
+// the powers and the alpha products to s.pow, the products of the two and their difference to s.cls.
+LUCID_HD float rfdetr_focal_term(float x, const FamilySettings& s) {
+  using namespace geom;
+  const float p = round_as(div(1.0f, add(1.0f, exp_(-x))), s.prob);
+  const float q = round_as(sub(1.0f, p), s.prob);
+  const float pos = round_as(mul(round_as(mul(s.alpha, round_as(pow_scalar(q, s.gamma), s.pow)), s.pow),
+                                 -round_as(log_sigmoid(x), s.log)), s.cls);
+  const float neg = round_as(mul(round_as(mul(s.one_minus_alpha, round_as(pow_scalar(p, s.gamma), s.pow)), s.pow),
+                                 -round_as(log_sigmoid(-x), s.log)), s.cls);
+  return round_as(sub(pos, neg), s.cls);
+}
+
+// The class term of a query's score x for the object's class: minus x (a probability), the focal term of sigmoid(x)
+// (sigmoid rounded to s.prob) or RF-DETR's of the logit x, in dtype s.cls.
 LUCID_HD float class_term(float x, const FamilySettings& s) {
   using namespace geom;
   if (s.class_term == kClassProbability) return -x;
+  if (s.class_term == kClassRfdetr) return rfdetr_focal_term(x, s);
   return focal_term(round_as(div(1.0f, add(1.0f, exp_(-x))), s.prob), s);
 }
 
@@ -197,11 +220,30 @@ LUCID_HD void hf_corners(const float* b, int d, float* c) {
 // transformers' corner check: x2 >= x1 and y2 >= y1 (false for NaN).
 LUCID_HD bool hf_corners_valid(const float* c) { return c[2] >= c[0] && c[3] >= c[1]; }
 
+// A family's corners of box b (dtype d): transformers', or RF-DETR's, whose w and h are clamped at 0 first.
+LUCID_HD void family_corners(const float* b, int d, const FamilySettings& s, float* c) {
+  if (s.class_term != kClassRfdetr) return hf_corners(b, d, c);
+  const float clamped[4] = {b[0], b[1], geom::clamp_min(b[2], 0.0f), geom::clamp_min(b[3], 0.0f)};
+  hf_corners(clamped, d, c);
+}
+
+// Whether the family raises for these corners (transformers' check; RF-DETR checks none).
+LUCID_HD bool family_corners_raise(const float* c, const FamilySettings& s) {
+  return s.class_term != kClassRfdetr && !hf_corners_valid(c);
+}
+
+// Whether an object's cost `v` makes RF-DETR decline the step (it checks that every cost is finite).
+LUCID_HD bool family_entry_declines(float v, const FamilySettings& s) {
+  constexpr float kFloatMax = 3.402823466e+38f;
+  return s.class_term == kClassRfdetr && !(::fabsf(v) <= kFloatMax);
+}
+
 // The family cost of a query (box pd, cx cy w h, as stored) against an object (box gt), given the class term `cls`
 // (dtype s.cls):
 //   l1   = cdist's |dx| + |dy| + |dw| + |dh| in float32 (order s.l1_order), rounded to s.l1
 //   giou = transformers' generalized_box_iou of the corners: areas in float32, the pairwise overlaps and enclosure
-//          in s.pairs, union and the ratios in float32
+//          in s.pairs, union and the ratios in float32; RF-DETR's (kClassRfdetr): its corners (family_corners), the
+//          union floored at 1e-7 and the enclosure at 1e-7 (in s.pairs) where they divide
 //   cost = (gain_bbox * l1 + gain_class * cls) + gain_giou * -giou, each product in its term's dtype, the first sum in
 //          s.sum, the second in float32; with sanitize, NaN and +-inf become s.top.
 // Also whether the query's and the object's corners are valid (the family raises where one is not).
@@ -213,19 +255,23 @@ LUCID_HD float family_cost(float cls, const float* pd, const float* gt, const Fa
                                                         : cuda_order_sum<float>(4, [&](int k) { return d[k]; }),
                             s.l1);
   float p[4], g[4];
-  hf_corners(pd, s.pred_corners, p);
-  hf_corners(gt, s.gt_corners, g);
+  family_corners(pd, s.pred_corners, s, p);
+  family_corners(gt, s.gt_corners, s, g);
   const int r = s.pairs;
+  const bool floors = s.class_term == kClassRfdetr;
+  const float eps = static_cast<float>(1e-7);
   const float area1 = mul(sub(p[2], p[0]), sub(p[3], p[1])), area2 = mul(sub(g[2], g[0]), sub(g[3], g[1]));
   const float inter = round_as(mul(clamp_min(round_as(sub(min_(p[2], g[2]), max_(p[0], g[0])), r), 0.0f),
                                    clamp_min(round_as(sub(min_(p[3], g[3]), max_(p[1], g[1])), r), 0.0f)),
                                r);
   const float uni = sub(add(area1, area2), inter);
-  const float iou = div(inter, uni);
+  const float iou = div(inter, floors ? clamp_min(uni, eps) : uni);
   const float area = round_as(mul(clamp_min(round_as(sub(max_(p[2], g[2]), min_(p[0], g[0])), r), 0.0f),
                                   clamp_min(round_as(sub(max_(p[3], g[3]), min_(p[1], g[1])), r), 0.0f)),
                               r);
-  const float giou = sub(iou, div(sub(area, uni), area));
+  // RF-DETR floors the enclosure in its dtype: no value of that dtype lies between 1e-7 and its rounding, so flooring
+  // before or after the rounding gives the same
+  const float giou = sub(iou, div(sub(area, uni), floors ? round_as(clamp_min(area, eps), r) : area));
   const float first = round_as(add(round_as(mul(s.gain_bbox, l1), s.l1), round_as(mul(s.gain_class, cls), s.cls)),
                                s.sum);
   const float cost = add(first, mul(s.gain_giou, -giou));

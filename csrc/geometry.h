@@ -52,6 +52,7 @@ LUCID_HD double sqrt_(double x) { return std::sqrt(x); }
 LUCID_HD float log_(float x) { return ::logf(x); }
 LUCID_HD double log_(double x) { return ::log(x); }
 LUCID_HD float exp_(float x) { return ::expf(x); }
+LUCID_HD float log1p_(float x) { return ::log1pf(x); }
 LUCID_HD double exp_(double x) { return ::exp(x); }
 LUCID_HD float pow_(float x, float e) { return ::powf(x, e); }
 LUCID_HD double pow_(double x, double e) { return ::pow(x, e); }

@@ -249,7 +249,7 @@ def detr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: t
 
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # csrc/detr_cost.h's DtypeCode
-FAMILY_CLASS_TERMS = ("softmax", "focal", "focal-gathered")  # the class terms of class_terms and parts, in order
+FAMILY_CLASS_TERMS = ("softmax", "focal", "focal-gathered", "rfdetr")  # the class terms of class_terms and parts
 FAMILY_DTYPES = ("prob", "pow", "log", "cls", "l1", "pred_corners", "gt_corners", "pairs", "sum")  # in the op's order
 
 
@@ -296,7 +296,8 @@ def detr_family_parts_cost(scores: list, boxes: list, labels: torch.Tensor, obje
         scores, boxes: lists of the parts' (L_p, B, Q, C) logits and (L_p, B, Q, 4) boxes (cx, cy, w, h), each part
             of its own dtypes and strides, the same B and Q.
         class_term: one of FAMILY_CLASS_TERMS (the family's: DETR's softmax, the focal families' focal, RT-DETR's
-            focal of the object's probability).
+            focal of the object's probability; "rfdetr": RF-DETR's detection cost, its focal term through log-sigmoid
+            and its boxes: w and h clamped at 0, the union and the enclosing area floored at 1e-7).
         dtypes: one dict per part, as detr_family_cost's.
         The rest as detr_family_cost's.
 
@@ -319,13 +320,28 @@ def focal_terms(p: torch.Tensor, alpha: float, gamma: float) -> tuple:
     return pos, neg
 
 
+def rfdetr_focal_terms(logits: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
+    """RF-DETR's focal class cost of logits already gathered at the objects' classes: its operations, in its order
+    (through log-sigmoid)."""
+    p = logits.sigmoid()
+    neg = (1 - alpha) * (p**gamma) * (-torch.nn.functional.logsigmoid(-logits))
+    pos = alpha * ((1 - p) ** gamma) * (-torch.nn.functional.logsigmoid(logits))
+    return pos - neg
+
+
 def family_class_terms_reference(logits: torch.Tensor, labels: torch.Tensor, class_term: str, alpha: float = 0.25,
                                  gamma: float = 2.0) -> torch.Tensor:
-    """The class term of transformers' DETR families for each (layer, image, query, object of the image), (L, B, Q,
-    W), with the families' own operations: each layer's probabilities on its own (B * Q, C) tensor. ``class_term``
-    one of FAMILY_CLASS_TERMS: minus the softmax probability of the object's class; the focal terms of every class,
-    then the object's taken; or the object's probability taken, then its focal terms."""
+    """The class term of a DETR family for each (layer, image, query, object of the image), (L, B, Q, W), with the
+    family's own operations: ``class_term`` one of FAMILY_CLASS_TERMS: minus the softmax probability of the object's
+    class; the focal terms of every class, then the object's taken; or the object's probability taken, then its focal
+    terms (each layer's probabilities on its own (B * Q, C) tensor); RF-DETR's focal terms of the logits gathered at
+    the objects' classes, every layer at once (its stacked (L * B, Q, W) tensor). labels (B, W): each image's objects'
+    classes, padded."""
     layers, bs, nq, nc = logits.shape
+    if class_term == "rfdetr":
+        index = labels.repeat(layers, 1)[:, None, :].expand(layers * bs, nq, labels.shape[1])
+        gathered = logits.reshape(layers * bs, nq, nc).gather(2, index)
+        return rfdetr_focal_terms(gathered, alpha, gamma).view(layers, bs, nq, labels.shape[1])
     index = labels[:, None, :].expand(bs, nq, labels.shape[1])
     terms = []
     for k in range(layers):
@@ -476,7 +492,7 @@ if _library.loaded():
         torch._check_value(labels.dim() == 1, lambda: f"labels must be (N,), got {tuple(labels.shape)}")
         torch._check_value(sizes.dim() == 1 and sizes.shape[0] == logits.shape[1],
                            lambda: f"sizes must be (B,) with B = {logits.shape[1]}, got {tuple(sizes.shape)}")
-        torch._check_value(0 <= kind <= 2, lambda: f"kind must be 0, 1 or 2, got {kind}")
+        torch._check_value(0 <= kind <= 3, lambda: f"kind must be 0, 1, 2 or 3, got {kind}")
         # the families' operations on fake tensors: their shape and dtype in the call's autocast region
         padded = labels.new_zeros((logits.shape[1], width))
         return family_class_terms_reference(logits, padded, FAMILY_CLASS_TERMS[kind], alpha, gamma)

@@ -441,3 +441,82 @@ def test_a_spawned_process_that_unpickles_a_patched_matcher_is_patched(library):
     assert "__reduce_ex__" not in vars(Matcher)
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         assert pool.apply(report, (m,)) == (True, False, "auto", False, 7)
+
+
+def _degenerate(outputs, targets):
+    """Boxes RF-DETR's floors and clamps meet: a query of no size on an object of no size (their union and enclosure
+    0), a query of negative width, a query exactly on an object."""
+    t = targets[0]
+    t["boxes"][0] = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    for o in outputs:
+        o["pred_boxes"][0, 0] = torch.tensor([0.5, 0.5, 0.0, 0.0])
+        o["pred_boxes"][0, 1, 2] = -0.25
+        o["pred_boxes"][0, 2] = t["boxes"][1]
+
+
+COST_REGIONS = {"float32": (torch.float32, None), "bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
+                "bf16 autocast": (torch.float32, torch.bfloat16)}
+
+
+@pytest.mark.parametrize("region", list(COST_REGIONS))
+@pytest.mark.parametrize("device", devices())
+def test_the_cost_op_is_rfdetrs_detection_cost(device, region, library):
+    """torch.ops.lucid.detr_cost.parts with RF-DETR's class term and boxes: every layer's cost per image block, bit
+    for bit RF-DETR's own compact cost (its layers stacked, and each layer alone, as it computes them by size), in
+    the outputs' dtypes and an autocast region, with 1 and 3 query groups, an image without objects, and the boxes
+    its floors and clamps meet."""
+    dtype, autocast = COST_REGIONS[region]
+    mod, _ = lr._modules()
+    g = torch.Generator().manual_seed(7)
+    m = Matcher(cost_class=2, cost_bbox=5, cost_giou=2, focal_alpha=0.25)
+    counts, layers = [4, 0, 9], 3
+    targets = [{k: (v.to(dtype) if v.is_floating_point() else v) for k, v in t.items()}
+               for t in _objects(counts, g, device)]
+    outputs = [{k: v.to(dtype) for k, v in o.items()} for o in _outputs(layers, len(counts), QUERIES * GROUPS,
+                                                                         device, g)]
+    _degenerate(outputs, targets)
+    labels, objects = torch.cat([t["labels"] for t in targets]), torch.cat([t["boxes"] for t in targets])
+    for groups in (1, GROUPS):
+        where = lr.core.layout(counts, QUERIES * GROUPS, groups, device)
+        for together in ([list(range(layers))], [[k] for k in range(layers)]):
+            stacks = [(torch.stack([outputs[k]["pred_logits"] for k in ks]),
+                       torch.stack([outputs[k]["pred_boxes"] for k in ks])) for ks in together]
+            with torch.autocast(device, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+                lr._plans.clear()
+                cost, invalid = lr._op_cost(m, mod, together, stacks, labels, objects, where)
+                if len(together) == 1:
+                    theirs = m._compute_stacked_compact_cost_matrices(outputs, targets)
+                else:
+                    theirs = [m._compute_compact_detection_cost_matrix(o, targets, clamp_target_labels=True)
+                              for o in outputs]
+            assert int(invalid) == 0
+            ours = lr._as_theirs(cost.view(layers * len(counts), QUERIES * GROUPS, -1), counts, layers)
+            for a, b in zip(ours, theirs):
+                assert a.dtype == b.float().dtype and torch.equal(a.view(torch.int32), b.float().view(torch.int32)), \
+                    (groups, len(together))
+
+
+def test_a_cost_one_unit_in_the_last_place_off_fails_the_guard(monkeypatch, scipy_own, library):
+    """The first detection step of a kind compares the op's cost with RF-DETR's own entry by entry: one entry nudged
+    by one unit in the last place fails it (RF-DETR computes the costs of such steps from then on, said once; the
+    solves stay on the op), and the matches stay RF-DETR's; unnudged, it passes."""
+    g = torch.Generator().manual_seed(9)
+    m = Matcher(cost_class=2, cost_bbox=5, cost_giou=2)
+    targets = _objects([4, 6], g)
+    outputs = _outputs(3, 2, QUERIES * GROUPS, "cpu", g)
+    real = lr.ops.detr_family_parts_cost
+    for nudge in (False, True):
+        def op(*args, **kwargs):
+            cost, invalid = real(*args, **kwargs)
+            if nudge:
+                cost = cost.clone()
+                cost[0, 0, 0] = torch.nextafter(cost[0, 0, 0], torch.tensor(float("inf")))
+            return cost, invalid
+
+        monkeypatch.setattr(lr.ops, "detr_family_parts_cost", op)
+        lr._verified.clear()
+        said = pytest.warns(UserWarning, match="costs differed from RF-DETR's own") if nudge \
+            else contextlib.nullcontext()
+        with said:
+            _same_calls(m, outputs, targets, GROUPS)
+        assert list(lr._verified.values()) == [not nudge]

@@ -51,7 +51,7 @@ at::Tensor detr_cost_cpu(const at::Tensor& pred_bboxes, const at::Tensor& pred_s
 // detr_cost.h's family_cost of every (layer, image, query, column) of one (L, B, Q, .) stack into out (its L * B * Q
 // rows of W), the rows as parallel tasks; the class term is class_cost's entry where it is defined (the family's own,
 // whose math functions are ATen's vectorised ones), else detr_cost.h's class_term of the scores (the C library's).
-// Returns whether some query's or object's corners are invalid.
+// Returns whether some query's or object's corners are invalid, or for RF-DETR some object's cost is not finite.
 bool fill_family_cost(const at::Tensor& scores, const at::Tensor& boxes, const at::Tensor& labels,
                       const at::Tensor& objects, const at::Tensor& sizes, const FamilyCostDims& d,
                       const detr::FamilySettings& s, const at::Tensor& class_cost, float* out_ptr) {
@@ -70,8 +70,8 @@ bool fill_family_cost(const at::Tensor& scores, const at::Tensor& boxes, const a
   bool bad = false;
   for (int64_t k = 0; k < d.N && !bad; ++k) {
     float c[4];
-    detr::hf_corners(o_ptr + k * 4, s.gt_corners, c);
-    bad = !detr::hf_corners_valid(c);
+    detr::family_corners(o_ptr + k * 4, s.gt_corners, s, c);
+    bad = detr::family_corners_raise(c, s);
   }
   std::atomic<bool> bad_query{false};
   // out is (L, B, Q, W) in memory: problem (l, b, g)'s row i is query g * Q / groups + i of image b in layer l
@@ -80,8 +80,8 @@ bool fill_family_cost(const at::Tensor& scores, const at::Tensor& boxes, const a
       const int64_t b = (row / d.Q) % d.B;
       const float* pd = b_ptr + row * 4;
       float c[4];
-      detr::hf_corners(pd, s.pred_corners, c);
-      if (!detr::hf_corners_valid(c)) bad_query.store(true, std::memory_order_relaxed);
+      detr::family_corners(pd, s.pred_corners, s, c);
+      if (detr::family_corners_raise(c, s)) bad_query.store(true, std::memory_order_relaxed);
       for (int64_t j = 0; j < d.W; ++j) {
         float v = 0.0f;
         if (j < n_ptr[b]) {
@@ -92,6 +92,7 @@ bool fill_family_cost(const at::Tensor& scores, const at::Tensor& boxes, const a
             const float term = c_ptr != nullptr ? c_ptr[row * d.W + j] : detr::class_term(s_ptr[row * d.C + cls], s);
             v = detr::family_cost(term, pd, o_ptr + k * 4, s);
           }
+          if (detr::family_entry_declines(v, s)) bad_query.store(true, std::memory_order_relaxed);
         }
         out_ptr[row * d.W + j] = v;
       }
@@ -127,12 +128,23 @@ std::pair<at::Tensor, at::Tensor> focal_terms(const at::Tensor& p, double alpha,
   return {pos, neg};
 }
 
-// torch.ops.lucid.detr_cost.class_terms (CPU): the class terms of transformers' DETR families (docs/spec.md, "DETR
-// family cost"), every layer's (B, Q, width) with the family's own ATen operations on that layer's own (B * Q, C)
-// tensor, so that each element is rounded where the family's vectorised CPU kernels round it: kind 0 minus the softmax
-// probability of the object's class; 1 the focal terms of every class, then the object's taken; 2 the object's
-// probability taken, then its focal terms. labels (N,) are the batch's objects' classes image after image, sizes (B,)
-// their counts; columns past an image's objects take class 0 (as the family's padded blocks). One call from Python.
+// RF-DETR's focal terms of logits already gathered at the objects' classes, each operation ATen's own, in RF-DETR's
+// order, with its Python scalars (1 - alpha, alpha): through log-sigmoid, and p^gamma as pow.
+at::Tensor rfdetr_focal_terms(const at::Tensor& x, double alpha, double gamma) {
+  const auto p = at::sigmoid(x);
+  const auto neg = at::mul(at::mul(at::pow(p, gamma), 1.0 - alpha), at::neg(at::log_sigmoid(at::neg(x))));
+  const auto pos = at::mul(at::mul(at::pow(at::rsub(p, 1), gamma), alpha), at::neg(at::log_sigmoid(x)));
+  return at::sub(pos, neg);
+}
+
+// torch.ops.lucid.detr_cost.class_terms (CPU): the class terms of transformers' DETR families and RF-DETR
+// (docs/spec.md, "DETR family cost"), every layer's (B, Q, width) with the family's own ATen operations on the
+// family's own tensors, so that each element is rounded where the family's vectorised CPU kernels round it: kind 0
+// minus the softmax probability of the object's class; 1 the focal terms of every class, then the object's taken; 2
+// the object's probability taken, then its focal terms (each on its layer's own (B * Q, C) tensor); 3 RF-DETR's focal
+// terms of the logits gathered at the objects' classes, every layer at once (its stacked (L * B, Q, width) tensor).
+// labels (N,) are the batch's objects' classes image after image, sizes (B,) their counts; columns past an image's
+// objects take class 0 (as the family's padded blocks). One call from Python.
 at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& sizes,
                                 int64_t width, int64_t kind, double alpha, double gamma) {
   const at::NoGradGuard no_grad;  // the op's result is a constant (ops.cpp): its operations record no graph
@@ -145,8 +157,8 @@ at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labe
   TORCH_CHECK_VALUE(sizes.dim() == 1 && sizes.size(0) == logits.size(1), "sizes must be (B,) with B = ",
                     logits.size(1), " (logits' images), got ", sizes.sizes());
   TORCH_CHECK_TYPE(sizes.scalar_type() == at::kLong, "sizes must be int64, got ", sizes.scalar_type());
-  TORCH_CHECK_VALUE(kind >= 0 && kind <= 2, "kind must be 0 (softmax), 1 (focal) or 2 (focal of the object's "
-                    "probability), got ", kind);
+  TORCH_CHECK_VALUE(kind >= 0 && kind <= 3, "kind must be 0 (softmax), 1 (focal), 2 (focal of the object's "
+                    "probability) or 3 (RF-DETR's), got ", kind);
   TORCH_CHECK_VALUE(labels.device() == logits.device() && sizes.device() == logits.device(),
                     "logits, labels and sizes must be on one device, got ", logits.device(), ", ", labels.device(),
                     " and ", sizes.device());
@@ -163,6 +175,11 @@ at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labe
   auto padded = at::zeros({bs, width}, labels.options());
   for (int64_t b = 0, start = 0; b < bs; start += n_ptr[b], ++b) {
     padded.select(0, b).narrow(0, 0, n_ptr[b]).copy_(labels.narrow(0, start, n_ptr[b]));
+  }
+  if (kind == 3) {
+    const auto index = padded.repeat({layers, 1}).unsqueeze(1).expand({layers * bs, nq, width});
+    const auto gathered = at::gather(logits.reshape({layers * bs, nq, nc}), 2, index);
+    return rfdetr_focal_terms(gathered, alpha, gamma).view({layers, bs, nq, width});
   }
   const auto index = padded.unsqueeze(1).expand({bs, nq, width});
   std::vector<at::Tensor> terms;
@@ -200,7 +217,7 @@ std::tuple<at::Tensor, at::Tensor> detr_family_parts_cpu(
   bool bad = false;
   for (size_t p = 0; p < dims.size(); ++p) {
     const auto& d = dims[p];
-    const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], class_kind == 0 ? 0 : 1, alpha, gamma,
+    const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], parts_class_term(class_kind), alpha, gamma,
                                               l1_order, dtypes.data() + 9 * p, sanitize, top);
     // the class terms of the objects' classes (one outside [0, C) costs NaN below, its term unread)
     const auto terms = d.C > 0 && d.N > 0 ? detr_class_terms_cpu(scores[p], lab.clamp(0, d.C - 1), n, width,

@@ -74,7 +74,8 @@ at::Tensor detr_cost_cuda(const at::Tensor& pred_bboxes, const at::Tensor& pred_
 // Blocks of (x: query-columns of one image of one layer, y: (layer, image) pairs in turn); each entry by
 // detr::family_cost, its class term from the query's score of the object's class (any strides) or the given one.
 // Columns past the image's objects are 0. A query's corners are checked by its column-0 thread, an object's by the
-// threads of query 0 in layer 0; any invalid one sets invalid[0] (every writer writes 1).
+// threads of query 0 in layer 0; any invalid one, and for RF-DETR any object's cost that is not finite, sets
+// invalid[0] (every writer writes 1).
 template <typename T>
 __global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
                                    const float* __restrict__ boxes, const float* __restrict__ objects,
@@ -98,15 +99,15 @@ __global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int
     const float* pd = boxes + row * 4;
     float c[4];
     if (j == 0) {
-      detr::hf_corners(pd, s.pred_corners, c);
-      if (!detr::hf_corners_valid(c)) invalid[0] = 1;
+      detr::family_corners(pd, s.pred_corners, s, c);
+      if (detr::family_corners_raise(c, s)) invalid[0] = 1;
     }
     float v = 0.0f;
     if (j < count) {
       const int64_t k = start + j, cls = labels[k];
       if (l == 0 && q == 0) {
-        detr::hf_corners(objects + k * 4, s.gt_corners, c);
-        if (!detr::hf_corners_valid(c)) invalid[0] = 1;
+        detr::family_corners(objects + k * 4, s.gt_corners, s, c);
+        if (detr::family_corners_raise(c, s)) invalid[0] = 1;
       }
       if (cls < 0 || cls >= C) {
         v = CUDART_NAN_F;
@@ -116,6 +117,7 @@ __global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int
                                : detr::class_term(static_cast<float>(scores[l * s0 + b * s1 + q * s2 + cls * s3]), s);
         v = detr::family_cost(term, pd, objects + k * 4, s);
       }
+      if (detr::family_entry_declines(v, s)) invalid[0] = 1;
     }
     out[row * W + j] = v;
   }
@@ -165,7 +167,7 @@ std::tuple<at::Tensor, at::Tensor> detr_family_parts_cuda(
   for (size_t p = 0; p < dims.size(); ++p) {
     const at::Tensor sc = class_kind == 0 ? scores[p].softmax(-1) : scores[p];
     auto [cost, invalid] =
-        detr_family_cost_cuda(sc, boxes[p], labels, objects, sizes, width, groups, gains, class_kind == 0 ? 0 : 1,
+        detr_family_cost_cuda(sc, boxes[p], labels, objects, sizes, width, groups, gains, parts_class_term(class_kind),
                               alpha, gamma, l1_order, dtypes.slice(9 * p, 9), sanitize, top, c10::nullopt);
     costs.push_back(std::move(cost));
     flags.push_back(std::move(invalid));

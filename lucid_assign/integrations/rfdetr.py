@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import __version__, dispatch
+from .. import __version__, dispatch, ops
 from . import _matching as core
 from . import _patching
 from ._patching import RFDETR as STATE
@@ -44,6 +44,11 @@ _USED = ("_compute_compact_detection_cost_matrix", "_compute_stacked_compact_cos
          "_focal_classification_cost", "_target_side_precheck", "_compact_path_applicable", "_resolve_l1_cost")
 
 _verified: dict = {}  # kind of batched call -> its costs equal RF-DETR's own (checked at its first call)
+# The devices whose detection steps take RF-DETR's cost from torch.ops.lucid.detr_cost.parts (class_term "rfdetr":
+# every layer in one call, each entry RF-DETR's chain of operations in its dtypes; on the CPU the focal term from its
+# own ATen operations on its own gathered tensor). CUDA's kernel is built but not taken until a GPU run has checked it.
+COST_DEVICES = ("cpu",)
+_plans: dict = {}  # (device, autocast region, dtypes) -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None
 _taking = threading.local()  # .on: RF-DETR's solvers hand back the cost instead of solving (this thread)
 
 
@@ -216,6 +221,58 @@ def _cost(m, mod, logits, boxes, labels, objects):
     return (m.cost_bbox * l1 + m.cost_class * focal + m.cost_giou * giou).float()
 
 
+def _dtype_plan(m, mod, logits, boxes, objects) -> dict | None:
+    """The dtype of each step of RF-DETR's detection cost in this call's autocast region (ops.FAMILY_DTYPES), read
+    off its own operations on one element (once per device, region and dtypes); None where the op cannot give it: a
+    step not float32, bfloat16 or float16, its focal term's not that of its powers times its logs, its L1 or the cost
+    not float32."""
+    device = logits.device.type
+    region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
+    key = (device, region, logits.dtype, boxes.dtype, objects.dtype)
+    if key not in _plans:
+        plan = None
+        try:
+            with torch.no_grad():
+                x = logits.new_zeros((1, 1))
+                p = x.sigmoid()
+                power, log = (p ** mod._FOCAL_LOSS_GAMMA).dtype, torch.nn.functional.logsigmoid(x).dtype
+                cls = m._focal_classification_cost(x).dtype
+                l1 = mod.pairwise_box_l1_cost(boxes.new_zeros((1, 4)), objects.new_zeros((1, 4))).dtype
+            found = dict(prob=p.dtype, pow=power, log=log, cls=cls, l1=l1, pred_corners=boxes.dtype,
+                         gt_corners=objects.dtype, pairs=torch.promote_types(boxes.dtype, objects.dtype),
+                         sum=torch.promote_types(l1, cls))
+            if (all(d in ops.DTYPE_CODES for d in found.values()) and cls == torch.promote_types(power, log)
+                    and l1 == found["sum"] == torch.float32):
+                plan = found
+        except Exception:  # a region or dtypes in which RF-DETR's own operations fail: its own cost then
+            plan = None
+        _plans[key] = plan
+    return _plans[key]
+
+
+def _op_cost(m, mod, together: list, stacks: list, labels, objects, where: core.Layout):
+    """Every layer's (cost, invalid) from one call of detr_cost.parts: the cost (layers * images * groups, queries /
+    groups, width) in the layers' order, invalid nonzero where an object's cost is not finite; each part the layers
+    ``together[i]`` (computed together, as RF-DETR stacks them), its logits and boxes ``stacks[i]``; labels (N,) and
+    objects (N, 4) the batch's, image after image. None where the op cannot give it (a part without a dtype plan, a
+    setting not a number)."""
+    gains = (m.cost_class, m.cost_bbox, m.cost_giou)
+    if not all(isinstance(g, (int, float)) for g in (*gains, m.focal_alpha)):
+        return None
+    plans = [_dtype_plan(m, mod, logits, boxes, objects) for logits, boxes in stacks]
+    if any(plan is None for plan in plans):
+        return None
+    cost, invalid = ops.detr_family_parts_cost([s[0] for s in stacks], [s[1] for s in stacks], labels, objects,
+                                               where.image_sizes, where.width, where.groups, gains,
+                                               class_term="rfdetr", alpha=m.focal_alpha, gamma=mod._FOCAL_LOSS_GAMMA,
+                                               l1_order=0 if objects.device.type == "cpu" else 1, dtypes=plans,
+                                               sanitize=False)
+    order = [k for ks in together for k in ks]
+    if order != sorted(order):  # the parts' layers back in the layers' order
+        cost = cost.view(len(order), -1, *cost.shape[1:])[torch.tensor(order, device=cost.device).argsort()]
+    return cost, invalid
+
+
 def _as_theirs(cost: torch.Tensor, sizes: list, layers: int) -> list:
     """Each layer's (queries, sum(sizes)) cost, RF-DETR's form, of (layers * images, queries, most objects) blocks."""
     images = len(sizes)
@@ -247,11 +304,8 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
     if sum(sizes) == 0:  # RF-DETR's per-layer calls: no object, no match
         return _empty(layers, images, "cpu")
     _check_groups(queries, groups)
-    pad = torch.nn.utils.rnn.pad_sequence
-    labels = pad([t["labels"] for t in targets], batch_first=True)
-    objects = pad([t["boxes"] for t in targets], batch_first=True)
-    width = objects.shape[1]
     where = core.layout(sizes, queries, groups, device)
+    width, object_dtype = where.width, targets[0]["boxes"].dtype
     # RF-DETR stacks the layers' costs up to a size, per layer above it (its forward: per layer). On CUDA an entry's
     # value is the same either way (elementwise kernels), so alike layers go at once; on the CPU a vectorised loop's
     # tail may round differently, so RF-DETR's own choice is kept.
@@ -259,18 +313,47 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
     alike: dict = {}
     for k, o in enumerate(outputs_list):
         alike.setdefault((o["pred_logits"].dtype, o["pred_boxes"].dtype), []).append(k)
-    safe_labels = labels.clamp(0, classes - 1)  # (out of range: declined below, before any use)
-    parts, flags, checked = [], [], {}  # parts: (layers, their costs (len(layers) * images, queries, width))
-    for (_, box_dtype), members in alike.items():
-        boxes = torch.cat([outputs_list[k]["pred_boxes"] for k in members])
-        if device.type == "cuda" or stacks:
-            n = len(members)
-            logits = torch.cat([outputs_list[k]["pred_logits"] for k in members])
-            parts.append((members, _cost(m, mod, logits, boxes, safe_labels.repeat(n, 1), objects.repeat(n, 1, 1))))
+    together = list(alike.values()) if device.type == "cuda" or stacks else [[k] for ks in alike.values() for k in ks]
+    cost = found = None
+    if device.type in COST_DEVICES:  # every layer's cost in one op call, its parts the layers computed together
+        boxes_of = [torch.stack([outputs_list[k]["pred_boxes"] for k in ks]) for ks in together]
+        labels = torch.cat([t["labels"] for t in targets])
+        found = _op_cost(m, mod, together, [(torch.stack([outputs_list[k]["pred_logits"] for k in ks]), boxes)
+                                            for ks, boxes in zip(together, boxes_of)],
+                         labels, torch.cat([t["boxes"] for t in targets]), where)
+        if found is not None:
+            cost, invalid = found
+            units = list(zip(together, boxes_of))  # (layers, their boxes) as RF-DETR's checks read them
+    if cost is None:  # RF-DETR's operations on every layer's padded blocks
+        pad = torch.nn.utils.rnn.pad_sequence
+        labels = pad([t["labels"] for t in targets], batch_first=True)
+        objects = pad([t["boxes"] for t in targets], batch_first=True)
+        safe_labels = labels.clamp(0, classes - 1)  # (out of range: declined below, before any use)
+        parts, units = [], []  # parts: (layers, their costs (len(layers) * images, queries, width))
+        for members in alike.values():
+            units.append((members, torch.cat([outputs_list[k]["pred_boxes"] for k in members])))
+            for ks in together:
+                if ks[0] in members:
+                    n = len(ks)  # the group's layers, or one of them
+                    logits = torch.cat([outputs_list[k]["pred_logits"] for k in ks]) if n > 1 else \
+                        outputs_list[ks[0]]["pred_logits"]
+                    boxes = units[-1][1] if n == len(members) else outputs_list[ks[0]]["pred_boxes"]
+                    parts.append((ks, _cost(m, mod, logits, boxes, safe_labels.repeat(n, 1), objects.repeat(n, 1, 1))))
+        if len(parts) == 1:
+            cost = parts[0][1]
         else:
-            parts += [([k], _cost(m, mod, outputs_list[k]["pred_logits"], outputs_list[k]["pred_boxes"], safe_labels,
-                                  objects)) for k in members]
-        if box_dtype == objects.dtype:  # RF-DETR's compact cost: its checks of the objects and of the boxes (finite
+            of_layer = {k: part[i * images:(i + 1) * images] for ks, part in parts for i, k in enumerate(ks)}
+            cost = torch.cat([of_layer[k] for k in range(layers)])
+        # RF-DETR checks its costs' entries; the padding columns here are finite where those are but for a non-finite
+        # logit of class 0 (the padding's label): then this declines where RF-DETR would not, and RF-DETR's own path
+        # matches (the same matches, slower)
+        invalid = ~torch.isfinite(cost).all()
+    else:
+        cost = cost.view(layers * images, queries, width)
+    flags, checked = [invalid.view(()) == 0], {}
+    for _, boxes in units:
+        box_dtype = boxes.dtype
+        if box_dtype == object_dtype:  # RF-DETR's compact cost: its checks of the objects and of the boxes (finite
             # and within its bound: NaN fails the comparison)
             if box_dtype not in checked:
                 checked[box_dtype] = (safety.safe if (safety is not None and safety.targets is targets
@@ -283,19 +366,10 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
         elif "labels" not in checked:  # its cost over the cross product ("layers" only): the labels index the logits
             checked["labels"] = (labels >= 0).all() & (labels < classes).all()
             flags.append(checked["labels"])
-    if len(parts) == 1:
-        cost = parts[0][1]
-    else:
-        of_layer = {k: part[i * images:(i + 1) * images] for members, part in parts for i, k in enumerate(members)}
-        cost = torch.cat([of_layer[k] for k in range(layers)])
-    # RF-DETR checks its costs' entries; the padding columns here are finite where those are but for a non-finite
-    # logit of class 0 (the padding's label): then this declines where RF-DETR would not, and RF-DETR's own path
-    # matches (the same matches, slower)
-    flags.append(torch.isfinite(cost).all())
     if not bool(torch.stack(flags).all()):
         return None if route == "batched" else _from_forwards(m, outputs_list, targets, groups, safety, backend)
-    kind = (device.type, route, stacks if device.type == "cpu" else None,
-            tuple((o["pred_logits"].dtype, o["pred_boxes"].dtype) for o in outputs_list), objects.dtype)
+    kind = (device.type, route, stacks if device.type == "cpu" else None, found is not None,
+            tuple((o["pred_logits"].dtype, o["pred_boxes"].dtype) for o in outputs_list), object_dtype)
     if kind not in _verified:  # once per kind of call: our costs against RF-DETR's own
         theirs = _their_costs(m, outputs_list, targets, groups, safety, route, stacks)
         same = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(_as_theirs(cost, sizes, layers), theirs))
