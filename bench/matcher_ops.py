@@ -4,6 +4,7 @@ patched one (lucid_assign.integrations.transformers), on the CPU (the op's CPU k
 
     python bench/matcher_ops.py                          # rt-detr, detr, deformable-detr, lw-detr, rf-detr
     python bench/matcher_ops.py --families detr --imgsz 320 --batch 1 --objects 2   # smoke test
+    python bench/matcher_ops.py --families rf-detr --precision float32   # RF-DETR's batched path (alike dtypes)
 
 Each transformers family's model comes from its default config (bench/train_step_transformers.py's build: RT-DETR,
 DETR with auxiliary losses, Deformable DETR two-stage with refinement, LW-DETR), no weights, 80 classes, 640 px; a

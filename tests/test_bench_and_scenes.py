@@ -358,6 +358,24 @@ def test_the_matcher_ops_bench_counts_a_loss_call(library):
         assert int(own[3]) > int(patched[3]) > 0 and int(patched[3]) <= 12 and int(patched[4]) <= 1, (family, rows)
 
 
+def test_the_matcher_ops_bench_counts_rfdetrs_batched_path(library):
+    """bench/matcher_ops.py --precision float32, RF-DETR Small's criterion at batch 2 (its batched path): the patched
+    call with RF-DETR's cost from the op dispatches fewer operations than with RF-DETR's own cost operations, with one
+    synchronisation either way."""
+    pytest.importorskip("rfdetr")
+    path, _ = _bench_script("matcher_ops")
+    counts = {}
+    for cost_op in ("off", "on"):
+        run = subprocess.run([sys.executable, path, "--families", "rf-detr", "--imgsz", "320", "--batch", "2",
+                              "--objects", "3", "--precision", "float32", "--cost-op", cost_op],
+                             capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, run.stderr[-2000:]
+        own, patched = [line.split() for line in run.stdout.splitlines() if line.startswith("rf-detr ")]
+        assert patched[1] == "patched" and patched[4] == "1" and int(own[3]) > int(patched[3]), (cost_op, patched)
+        counts[cost_op] = int(patched[3])
+    assert counts["on"] < counts["off"], counts
+
+
 def test_the_transformers_step_bench_writes_the_record_the_readme_rows_come_from(library, tmp_path):
     """bench/train_step_transformers.py --out, tiny: a record per family and object count, own and patched; the
     README's row of it (scripts/figures.py) carries its figures."""
