@@ -59,3 +59,15 @@ def peer_tal():
 def devices():
     """CPU always; CUDA as a `cuda`-marked parameter."""
     return ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def one_ulp_off(real, on: bool):
+    """A stand-in for a cost op returning (cost, invalid): real's, with the first entry of the cost one unit in the
+    last place higher where ``on`` (for the tests that a patched matcher's guard fails at one ulp)."""
+    def op(*args, **kwargs):
+        cost, invalid = real(*args, **kwargs)
+        if on:
+            cost = cost.clone()
+            cost[0, 0, 0] = torch.nextafter(cost[0, 0, 0], torch.tensor(float("inf")))
+        return cost, invalid
+    return op

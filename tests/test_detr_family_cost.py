@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from conftest import devices
+from conftest import devices, one_ulp_off
 
 tf = pytest.importorskip("transformers")
 pytest.importorskip("scipy")
@@ -366,17 +366,8 @@ def test_a_cost_one_unit_in_the_last_place_off_fails_the_guard(library, monkeypa
     targets = [{"class_labels": labels[s:s + n], "boxes": objects[s:s + n]} for s, n in zip(starts, counts)]
     own = [(i.clone(), j.clone()) for i, j in HungarianMatcher(2, 5, 2)(outputs, targets)]
     for nudge in (False, True):
-        def nudged(real):
-            def op(*args, **kwargs):
-                cost, invalid = real(*args, **kwargs)
-                if nudge:
-                    cost = cost.clone()
-                    cost[0, 0, 0] = torch.nextafter(cost[0, 0, 0], torch.tensor(float("inf")))
-                return cost, invalid
-            return op
-
         for name in ("detr_family_cost", "detr_family_parts_cost"):  # the op of one stack, and of several parts
-            monkeypatch.setattr(lt.ops, name, nudged(getattr(ops, name)))
+            monkeypatch.setattr(lt.ops, name, one_ulp_off(getattr(ops, name), nudge))
         lt._verified.clear(), lt._blocks_ok.clear(), lt._plans.clear()
         said = pytest.warns(FallbackWarning, match="computes its cost otherwise") if nudge else contextlib.nullcontext()
         with lt.patched("kernel"), said:

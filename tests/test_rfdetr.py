@@ -31,7 +31,7 @@ from scipy.optimize import linear_sum_assignment  # noqa: E402
 from lucid_assign import matching  # noqa: E402
 from lucid_assign.integrations import rfdetr as lr  # noqa: E402
 
-from conftest import devices  # noqa: E402
+from conftest import devices, one_ulp_off  # noqa: E402
 
 Matcher = rf_matcher.HungarianMatcher
 QUERIES, GROUPS, CLASSES, SIDE = 20, 3, 5, 128  # per group; the criterion matches QUERIES * GROUPS queries
@@ -506,14 +506,7 @@ def test_a_cost_one_unit_in_the_last_place_off_fails_the_guard(monkeypatch, scip
     outputs = _outputs(3, 2, QUERIES * GROUPS, "cpu", g)
     real = lr.ops.detr_family_parts_cost
     for nudge in (False, True):
-        def op(*args, **kwargs):
-            cost, invalid = real(*args, **kwargs)
-            if nudge:
-                cost = cost.clone()
-                cost[0, 0, 0] = torch.nextafter(cost[0, 0, 0], torch.tensor(float("inf")))
-            return cost, invalid
-
-        monkeypatch.setattr(lr.ops, "detr_family_parts_cost", op)
+        monkeypatch.setattr(lr.ops, "detr_family_parts_cost", one_ulp_off(real, nudge))
         lr._verified.clear()
         said = pytest.warns(UserWarning, match="costs differed from RF-DETR's own") if nudge \
             else contextlib.nullcontext()
