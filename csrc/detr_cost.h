@@ -232,6 +232,23 @@ LUCID_HD bool family_corners_raise(const float* c, const FamilySettings& s) {
   return s.class_term != kClassRfdetr && !hf_corners_valid(c);
 }
 
+// Whether a query's box `b` (cx, cy, w, h, of dtype `code`) makes RF-DETR decline the step: a coordinate not finite or
+// beyond torch.finfo(dtype).max ** 0.5 / 16 (the doubles below). No value of the dtype lies between that bound and its
+// rounding to the dtype, so comparing in double compares as RF-DETR's tensor comparison does.
+LUCID_HD bool rfdetr_box_declines(const float* b, int code) {
+  const double limit = code == kBFloat16 ? 1.1506675014644243e18 : code == kFloat16 ? 15.996093273046391
+                                                                                     : 1.1529214702471081e18;
+  for (int k = 0; k < 4; ++k) {
+    if (!(::fabs(static_cast<double>(b[k])) <= limit)) return true;
+  }
+  return false;
+}
+
+// Whether a query's box makes the family decline the step (RF-DETR's check of its boxes; transformers' none).
+LUCID_HD bool family_query_declines(const float* b, const FamilySettings& s) {
+  return s.class_term == kClassRfdetr && rfdetr_box_declines(b, s.pred_corners);
+}
+
 // Whether an object's cost `v` makes RF-DETR decline the step (it checks that every cost is finite).
 LUCID_HD bool family_entry_declines(float v, const FamilySettings& s) {
   constexpr float kFloatMax = 3.402823466e+38f;

@@ -299,18 +299,22 @@ def test_each_path_matches_rfdetr_own(device, case, scipy_own, op_calls, library
     assert list(lr._verified.values()) == ([True] if batched else [])  # the batched route, its costs RF-DETR's
 
 
+@pytest.mark.parametrize("value", [float("nan"), 2.0e18, 1.0e18], ids=["nan", "beyond its bound", "within it"])
 @pytest.mark.parametrize("device", devices())
-def test_unsafe_values_decline_as_rfdetr_does(device, scipy_own, library):
-    """A non-finite box in one layer: RF-DETR's _match_many declines and each layer goes through forward (the full
-    path's sanitised cost for that layer); the patched matcher declines the same way, with the same matches."""
+def test_unsafe_values_decline_as_rfdetr_does(device, value, scipy_own, library):
+    """A box coordinate in one layer that is not finite or beyond RF-DETR's bound (finfo.max ** 0.5 / 16, about
+    1.15e18 in float32): RF-DETR's _match_many declines and each layer goes through forward (the full path's sanitised
+    cost for that layer); the patched matcher declines the same way, with the same matches. Within the bound both
+    match the layers together."""
     g = torch.Generator().manual_seed(3)
     m = Matcher()
     targets = _objects([3, 5], g, device)
     outputs = _outputs(3, 2, QUERIES * GROUPS, device, g)
-    outputs[1]["pred_boxes"][0, 4, 2] = float("nan")
-    assert Matcher._match_many(m, outputs, targets, group_detr=GROUPS) is None
+    outputs[1]["pred_boxes"][0, 4, 2] = value
+    declines = value != 1.0e18
+    assert (Matcher._match_many(m, outputs, targets, group_detr=GROUPS) is None) == declines
     with lr.patched():
-        assert Matcher._match_many(m, outputs, targets, group_detr=GROUPS) is None
+        assert (Matcher._match_many(m, outputs, targets, group_detr=GROUPS) is None) == declines
     _same_calls(m, outputs, targets, GROUPS)
 
 

@@ -51,7 +51,8 @@ at::Tensor detr_cost_cpu(const at::Tensor& pred_bboxes, const at::Tensor& pred_s
 // detr_cost.h's family_cost of every (layer, image, query, column) of one (L, B, Q, .) stack into out (its L * B * Q
 // rows of W), the rows as parallel tasks; the class term is class_cost's entry where it is defined (the family's own,
 // whose math functions are ATen's vectorised ones), else detr_cost.h's class_term of the scores (the C library's).
-// Returns whether some query's or object's corners are invalid, or for RF-DETR some object's cost is not finite.
+// Returns whether some query's or object's corners are invalid, or for RF-DETR some query's box or object's cost
+// fails its checks.
 bool fill_family_cost(const at::Tensor& scores, const at::Tensor& boxes, const at::Tensor& labels,
                       const at::Tensor& objects, const at::Tensor& sizes, const FamilyCostDims& d,
                       const detr::FamilySettings& s, const at::Tensor& class_cost, float* out_ptr) {
@@ -81,7 +82,9 @@ bool fill_family_cost(const at::Tensor& scores, const at::Tensor& boxes, const a
       const float* pd = b_ptr + row * 4;
       float c[4];
       detr::family_corners(pd, s.pred_corners, s, c);
-      if (detr::family_corners_raise(c, s)) bad_query.store(true, std::memory_order_relaxed);
+      if (detr::family_corners_raise(c, s) || detr::family_query_declines(pd, s)) {
+        bad_query.store(true, std::memory_order_relaxed);
+      }
       for (int64_t j = 0; j < d.W; ++j) {
         float v = 0.0f;
         if (j < n_ptr[b]) {

@@ -74,8 +74,8 @@ at::Tensor detr_cost_cuda(const at::Tensor& pred_bboxes, const at::Tensor& pred_
 // Blocks of (x: query-columns of one image of one layer, y: (layer, image) pairs in turn); each entry by
 // detr::family_cost, its class term from the query's score of the object's class (any strides) or the given one.
 // Columns past the image's objects are 0. A query's corners are checked by its column-0 thread, an object's by the
-// threads of query 0 in layer 0; any invalid one, and for RF-DETR any object's cost that is not finite, sets
-// invalid[0] (every writer writes 1).
+// threads of query 0 in layer 0; any invalid one, and for RF-DETR any query's box or object's cost that fails its
+// checks, sets invalid[0] (every writer writes 1).
 template <typename T>
 __global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
                                    const float* __restrict__ boxes, const float* __restrict__ objects,
@@ -100,7 +100,7 @@ __global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int
     float c[4];
     if (j == 0) {
       detr::family_corners(pd, s.pred_corners, s, c);
-      if (detr::family_corners_raise(c, s)) invalid[0] = 1;
+      if (detr::family_corners_raise(c, s) || detr::family_query_declines(pd, s)) invalid[0] = 1;
     }
     float v = 0.0f;
     if (j < count) {

@@ -314,24 +314,24 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
     for k, o in enumerate(outputs_list):
         alike.setdefault((o["pred_logits"].dtype, o["pred_boxes"].dtype), []).append(k)
     together = list(alike.values()) if device.type == "cuda" or stacks else [[k] for ks in alike.values() for k in ks]
-    cost = found = None
+    found = None
     if device.type in COST_DEVICES:  # every layer's cost in one op call, its parts the layers computed together
         boxes_of = [torch.stack([outputs_list[k]["pred_boxes"] for k in ks]) for ks in together]
         labels = torch.cat([t["labels"] for t in targets])
         found = _op_cost(m, mod, together, [(torch.stack([outputs_list[k]["pred_logits"] for k in ks]), boxes)
                                             for ks, boxes in zip(together, boxes_of)],
                          labels, torch.cat([t["boxes"] for t in targets]), where)
-        if found is not None:
-            cost, invalid = found
-            units = list(zip(together, boxes_of))  # (layers, their boxes) as RF-DETR's checks read them
-    if cost is None:  # RF-DETR's operations on every layer's padded blocks
+        if found is not None:  # the op checked every query's box as RF-DETR does, and that every cost is finite
+            problems, invalid = found
+            units = [(ks, boxes, False) for ks, boxes in zip(together, boxes_of)]
+    if found is None:  # RF-DETR's operations on every layer's padded blocks
         pad = torch.nn.utils.rnn.pad_sequence
         labels = pad([t["labels"] for t in targets], batch_first=True)
         objects = pad([t["boxes"] for t in targets], batch_first=True)
         safe_labels = labels.clamp(0, classes - 1)  # (out of range: declined below, before any use)
         parts, units = [], []  # parts: (layers, their costs (len(layers) * images, queries, width))
-        for members in alike.values():
-            units.append((members, torch.cat([outputs_list[k]["pred_boxes"] for k in members])))
+        for members in alike.values():  # units: (layers, their boxes, whether they are checked here)
+            units.append((members, torch.cat([outputs_list[k]["pred_boxes"] for k in members]), True))
             for ks in together:
                 if ks[0] in members:
                     n = len(ks)  # the group's layers, or one of them
@@ -348,10 +348,9 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
         # logit of class 0 (the padding's label): then this declines where RF-DETR would not, and RF-DETR's own path
         # matches (the same matches, slower)
         invalid = ~torch.isfinite(cost).all()
-    else:
-        cost = cost.view(layers * images, queries, width)
-    flags, checked = [invalid.view(()) == 0], {}
-    for _, boxes in units:
+        problems = cost.view(layers * images * groups, queries // groups, width)
+    ok, checked = invalid == 0, {}  # RF-DETR's checks, one value read
+    for _, boxes, check_boxes in units:
         box_dtype = boxes.dtype
         if box_dtype == object_dtype:  # RF-DETR's compact cost: its checks of the objects and of the boxes (finite
             # and within its bound: NaN fails the comparison)
@@ -361,18 +360,20 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
                                                       and safety.pred_boxes_device == device
                                                       and safety.num_classes == classes)
                                       else m._target_side_precheck(box_dtype, device, classes, targets))
-                flags.append(checked[box_dtype])
-            flags.append((boxes.abs() <= torch.finfo(box_dtype).max ** 0.5 / 16).all())
+                ok = ok & checked[box_dtype]
+            if check_boxes:
+                ok = ok & (boxes.abs() <= torch.finfo(box_dtype).max ** 0.5 / 16).all()
         elif "labels" not in checked:  # its cost over the cross product ("layers" only): the labels index the logits
             checked["labels"] = (labels >= 0).all() & (labels < classes).all()
-            flags.append(checked["labels"])
-    if not bool(torch.stack(flags).all()):
+            ok = ok & checked["labels"]
+    if not bool(ok):
         return None if route == "batched" else _from_forwards(m, outputs_list, targets, groups, safety, backend)
     kind = (device.type, route, stacks if device.type == "cpu" else None, found is not None,
             tuple((o["pred_logits"].dtype, o["pred_boxes"].dtype) for o in outputs_list), object_dtype)
     if kind not in _verified:  # once per kind of call: our costs against RF-DETR's own
         theirs = _their_costs(m, outputs_list, targets, groups, safety, route, stacks)
-        same = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(_as_theirs(cost, sizes, layers), theirs))
+        ours = _as_theirs(problems.view(layers * images, queries, width), sizes, layers)
+        same = all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(ours, theirs))
         _verified[kind] = same
         if not same:
             STATE.report["HungarianMatcher._match_many"] = "RF-DETR's own costs (a kind of call differed)"
@@ -382,7 +383,7 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
         if route == "batched":
             return STATE.original("_match_many")(m, outputs_list, targets, groups, safety)
         return _from_forwards(m, outputs_list, targets, groups, safety, backend)
-    rows, cols, _ = core.solve(cost.view(layers * images * groups, queries // groups, width), where, backend, layers)
+    rows, cols, _ = core.solve(problems, where, backend, layers)
     return _split(rows, cols, where, layers)
 
 
