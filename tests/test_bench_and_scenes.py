@@ -361,7 +361,7 @@ def test_the_matcher_ops_bench_counts_a_loss_call(library):
 def test_the_matcher_ops_bench_counts_rfdetrs_batched_path(library):
     """bench/matcher_ops.py --precision float32, RF-DETR Small's criterion at batch 2 (its batched path): the patched
     call with RF-DETR's cost from the op dispatches fewer operations than with RF-DETR's own cost operations, with one
-    synchronisation either way."""
+    synchronisation either way; with the op within the goal of the issue "The DETR cost in one launch" (12)."""
     pytest.importorskip("rfdetr")
     path, _ = _bench_script("matcher_ops")
     counts = {}
@@ -373,7 +373,7 @@ def test_the_matcher_ops_bench_counts_rfdetrs_batched_path(library):
         own, patched = [line.split() for line in run.stdout.splitlines() if line.startswith("rf-detr ")]
         assert patched[1] == "patched" and patched[4] == "1" and int(own[3]) > int(patched[3]), (cost_op, patched)
         counts[cost_op] = int(patched[3])
-    assert counts["on"] < counts["off"], counts
+    assert counts["on"] < counts["off"] and counts["on"] <= 12, counts
 
 
 def test_the_transformers_step_bench_writes_the_record_the_readme_rows_come_from(library, tmp_path):
