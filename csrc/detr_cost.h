@@ -113,10 +113,10 @@ LUCID_HD float column_cost(const Score* scores, int64_t C, const float* pd, cons
 // ---- the cost of transformers' DETR-family matchers and of RF-DETR's ---------------------------------------------
 // (docs/spec.md, "DETR family cost"). Each family (DETR's softmax, the focal families: Deformable DETR, RT-DETR,
 // LW-DETR; RF-DETR's detection cost) builds its cost from the query's class scores and box against the object's class
-// and box, as a chain of
-// PyTorch operations; each operation computes in float32 (PyTorch's opmath for float16 and bfloat16) and rounds its
-// result to its tensor's dtype. FamilySettings names the dtype of each step (the caller reads them off the family's
-// own operations in the call's autocast region); `round_as` is that rounding, round to nearest even.
+// and box, as a chain of PyTorch operations; each operation computes in float32 (PyTorch's opmath for float16 and
+// bfloat16) and rounds its result to its tensor's dtype. FamilySettings names the dtype of each step (the caller
+// reads them off the family's own operations in the call's autocast region); `round_as` is that rounding, round to
+// nearest even.
 
 enum DtypeCode : int { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
 

@@ -252,7 +252,8 @@ def _dtype_plan(m, mod, logits, boxes, objects) -> dict | None:
 
 def _op_cost(m, mod, together: list, stacks: list, labels, objects, where: core.Layout):
     """Every layer's (cost, invalid) from one call of detr_cost.parts: the cost (layers * images * groups, queries /
-    groups, width) in the layers' order, invalid nonzero where an object's cost is not finite; each part the layers
+    groups, width) in the layers' order, invalid nonzero where RF-DETR's checks of the queries' boxes or of the costs
+    fail (a coordinate not finite or beyond its bound, a cost not finite); each part the layers
     ``together[i]`` (computed together, as RF-DETR stacks them), its logits and boxes ``stacks[i]``; labels (N,) and
     objects (N, 4) the batch's, image after image. None where the op cannot give it (a part without a dtype plan, a
     setting not a number)."""
