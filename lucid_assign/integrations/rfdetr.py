@@ -46,8 +46,8 @@ _USED = ("_compute_compact_detection_cost_matrix", "_compute_stacked_compact_cos
 _verified: dict = {}  # kind of batched call -> its costs equal RF-DETR's own (checked at its first call)
 # The devices whose detection steps take RF-DETR's cost from torch.ops.lucid.detr_cost.parts (class_term "rfdetr":
 # every layer in one call, each entry RF-DETR's chain of operations in its dtypes; on the CPU the focal term from its
-# own ATen operations on its own gathered tensor). CUDA's kernel is built but not taken until a GPU run has checked it.
-COST_DEVICES = ("cpu",)
+# own ATen operations on its own gathered tensor, on CUDA the op's kernel).
+COST_DEVICES = ("cpu", "cuda")
 _plans: dict = {}  # (device, autocast region, dtypes) -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None
 _taking = threading.local()  # .on: RF-DETR's solvers hand back the cost instead of solving (this thread)
 
