@@ -405,10 +405,19 @@ inline FamilyCostDims check_family_cost_args(const at::Tensor& scores, const at:
   return {L, B, Q, C, N, width, groups};
 }
 
-// detr_cost.parts' class_kind (0 softmax, 1 focal, 2 focal of the object's probability, 3 RF-DETR's) as the class
-// term of detr_cost.family that its kernels compute from the scores (0 minus the softmax's probability, 1 focal, 2
-// RF-DETR's).
-inline int64_t parts_class_term(int64_t class_kind) { return class_kind == 0 ? 0 : class_kind == 3 ? 2 : 1; }
+// detr_cost.parts' class_kind (0 softmax, 1 focal, 2 focal of the object's probability, 3 RF-DETR's, 4 RF-DETR's as
+// each layer's forward computes it) as the class term of detr_cost.family that its kernels compute from the scores
+// (0 minus the softmax's probability, 1 focal, 2 RF-DETR's).
+inline int64_t parts_class_term(int64_t class_kind) { return class_kind == 0 ? 0 : class_kind >= 3 ? 2 : 1; }
+
+// detr_cost.parts' parts as stacks: each (L_p, B, Q, .) as it is, a part of one layer given as (B, Q, .) as
+// (1, B, Q, .) (a view).
+inline std::vector<at::Tensor> parts_as_stacks(at::TensorList parts) {
+  std::vector<at::Tensor> stacks;
+  stacks.reserve(parts.size());
+  for (const auto& part : parts) stacks.push_back(part.dim() == 3 ? part.unsqueeze(0) : part);
+  return stacks;
+}
 
 // detr_cost.parts: several stacks (parts) of one loss call, each (L_p, B, Q, .) with its own 9 dtype codes, against
 // the same objects; each part checked as detr_cost.family's stack is (with its class term parts_class_term). Returns
@@ -425,12 +434,14 @@ inline std::vector<FamilyCostDims> check_family_parts_args(at::TensorList scores
                     "scores (", P, "), got ", boxes.size());
   TORCH_CHECK_VALUE(static_cast<int64_t>(dtypes.size()) == 9 * P, "dtypes must be 9 codes per part (", 9 * P,
                     " for ", P, " parts), got ", dtypes.size());
-  TORCH_CHECK_VALUE(class_kind >= 0 && class_kind <= 3, "class_kind must be 0 (softmax), 1 (focal), 2 (focal of "
-                    "the object's probability) or 3 (RF-DETR's), got ", class_kind);
+  TORCH_CHECK_VALUE(class_kind >= 0 && class_kind <= 4, "class_kind must be 0 (softmax), 1 (focal), 2 (focal of "
+                    "the object's probability), 3 (RF-DETR's) or 4 (RF-DETR's as each layer's forward computes it), "
+                    "got ", class_kind);
   std::vector<FamilyCostDims> dims;
   dims.reserve(P);
   for (int64_t p = 0; p < P; ++p) {
-    TORCH_CHECK_VALUE(scores[p].dim() == 4, "scores[", p, "] must be (L, B, Q, C), got ", scores[p].sizes());
+    TORCH_CHECK_VALUE(scores[p].dim() == 4, "scores[", p, "] must be (L, B, Q, C) or (B, Q, C), got ",
+                      scores[p].sizes());
     if (p > 0) {
       TORCH_CHECK_VALUE(scores[p].size(1) == scores[0].size(1) && scores[p].size(2) == scores[0].size(2),
                         "scores[", p, "] must have the images and queries of scores[0] (", scores[0].size(1), ", ",

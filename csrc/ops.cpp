@@ -97,14 +97,16 @@ TORCH_LIBRARY(lucid, m) {
       "bool sanitize, float top, Tensor? class_cost=None) -> (Tensor, Tensor)");
   // Their class terms (L, B, Q, width) on the CPU, with the families' own ATen operations on each layer's (B * Q, C)
   // logits (ATen's vectorised CPU math rounds an element by its place in the tensor): kind 0 softmax, 1 focal, 2 focal
-  // of the object's probability, 3 RF-DETR's focal of the gathered logits (every layer's at once); labels (N,) the
-  // batch's objects' classes image after image, sizes (B,) their counts (class 0 past them). Passed to
-  // detr_cost.family as class_cost.
-  // Several stacks (parts) of one loss call at once, each (L_p, B, Q, .) of its own dtypes and strides (scores the
-  // logits), against the same objects: (cost, invalid) as detr_cost.family's for the parts' layers, part after part.
+  // of the object's probability, 3 RF-DETR's focal of the gathered logits (every layer's at once), 4 RF-DETR's over
+  // the cross product (each layer's (B * Q, N) logits at every object's class, as its forward's full cost); labels
+  // (N,) the batch's objects' classes image after image, sizes (B,) their counts (class 0 past them, 0 for kind 4).
+  // Passed to detr_cost.family as class_cost.
+  // Several stacks (parts) of one loss call at once, each (L_p, B, Q, .) (or (B, Q, .) for one layer) of its own dtypes
+  // and strides (scores the logits), against the same objects: (cost, invalid) as detr_cost.family's for the parts' layers, part after part.
   // Each part's class term is its family's (class_kind 0 softmax, 1 focal, 2 focal of the object's probability, 3
-  // RF-DETR's, whose boxes are its own too; on the CPU by class_terms' operations on the part's layers); dtypes: 9
-  // codes per part, in detr_cost.family's order.
+  // RF-DETR's, whose boxes are its own too, 4 RF-DETR's as each layer's forward computes it: a part whose boxes are
+  // of the objects' dtype as kind 3 a layer at a time, any other over the cross product; on the CPU by class_terms'
+  // operations on the part's layers); dtypes: 9 codes per part, in detr_cost.family's order.
   m.def(
       "detr_cost.parts(Tensor[] scores, Tensor[] boxes, Tensor labels, Tensor objects, Tensor sizes, int width, "
       "int groups, float[] gains, int class_kind, float alpha, float gamma, int l1_order, int[] dtypes, "

@@ -6,6 +6,8 @@ The schemas are declared once, in csrc/ops.cpp; each wrapper here documents one 
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from . import _library, reference
@@ -249,7 +251,8 @@ def detr_cost(pred_bboxes: torch.Tensor, pred_scores: torch.Tensor, gt_bboxes: t
 
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # csrc/detr_cost.h's DtypeCode
-FAMILY_CLASS_TERMS = ("softmax", "focal", "focal-gathered", "rfdetr")  # the class terms of class_terms and parts
+# the class terms of class_terms and parts
+FAMILY_CLASS_TERMS = ("softmax", "focal", "focal-gathered", "rfdetr", "rfdetr-layers")
 FAMILY_DTYPES = ("prob", "pow", "log", "cls", "l1", "pred_corners", "gt_corners", "pairs", "sum")  # in the op's order
 
 
@@ -294,10 +297,13 @@ def detr_family_parts_cost(scores: list, boxes: list, labels: torch.Tensor, obje
 
     Args:
         scores, boxes: lists of the parts' (L_p, B, Q, C) logits and (L_p, B, Q, 4) boxes (cx, cy, w, h), each part
-            of its own dtypes and strides, the same B and Q.
+            of its own dtypes and strides, the same B and Q; a part of one layer may be (B, Q, C) and (B, Q, 4).
         class_term: one of FAMILY_CLASS_TERMS (the family's: DETR's softmax, the focal families' focal, RT-DETR's
             focal of the object's probability; "rfdetr": RF-DETR's detection cost, its focal term through log-sigmoid
-            and its boxes: w and h clamped at 0, the union and the enclosing area floored at 1e-7).
+            and its boxes: w and h clamped at 0, the union and the enclosing area floored at 1e-7; "rfdetr-layers":
+            RF-DETR's as each layer's forward computes it, a part whose boxes are of the objects' dtype as "rfdetr" a
+            layer at a time, any other over the cross product of the queries and the objects: its class term, on the
+            CPU, on that (B * Q, N) tensor).
         dtypes: one dict per part, as detr_family_cost's.
         The rest as detr_family_cost's.
 
@@ -330,14 +336,27 @@ def rfdetr_focal_terms(logits: torch.Tensor, alpha: float, gamma: float) -> torc
 
 
 def family_class_terms_reference(logits: torch.Tensor, labels: torch.Tensor, class_term: str, alpha: float = 0.25,
-                                 gamma: float = 2.0) -> torch.Tensor:
+                                 gamma: float = 2.0, sizes: torch.Tensor | None = None) -> torch.Tensor:
     """The class term of a DETR family for each (layer, image, query, object of the image), (L, B, Q, W), with the
     family's own operations: ``class_term`` one of FAMILY_CLASS_TERMS: minus the softmax probability of the object's
     class; the focal terms of every class, then the object's taken; or the object's probability taken, then its focal
     terms (each layer's probabilities on its own (B * Q, C) tensor); RF-DETR's focal terms of the logits gathered at
-    the objects' classes, every layer at once (its stacked (L * B, Q, W) tensor). labels (B, W): each image's objects'
-    classes, padded."""
+    the objects' classes, every layer at once (its stacked (L * B, Q, W) tensor); or over the cross product
+    ("rfdetr-layers": each layer's (B * Q, N) logits at every object's class, as its forward's full cost, each image's
+    block taken, 0 past its objects). labels (B, W): each image's objects' classes, padded; sizes (B,) their counts
+    (for "rfdetr-layers")."""
     layers, bs, nq, nc = logits.shape
+    if class_term == "rfdetr-layers":
+        counts = [int(n) for n in sizes]
+        objects = torch.cat([labels[b, :n] for b, n in enumerate(counts)])
+        terms = []
+        for k in range(layers):
+            cross = rfdetr_focal_terms(logits[k].flatten(0, 1)[:, objects], alpha, gamma).view(bs, nq, len(objects))
+            blocks = cross.new_zeros(bs, nq, labels.shape[1])
+            for b, (start, n) in enumerate(zip([0, *itertools.accumulate(counts)], counts)):
+                blocks[b, :, :n] = cross[b, :, start:start + n]
+            terms.append(blocks)
+        return torch.stack(terms)
     if class_term == "rfdetr":
         index = labels.repeat(layers, 1)[:, None, :].expand(layers * bs, nq, labels.shape[1])
         gathered = logits.reshape(layers * bs, nq, nc).gather(2, index)
@@ -475,6 +494,7 @@ if _library.loaded():
                            lambda: f"scores and boxes must hold one stack per part, got {len(scores)}, {len(boxes)}")
         torch._check_value(len(dtypes) == 9 * len(scores),
                            lambda: f"dtypes must be 9 codes per part, got {len(dtypes)} for {len(scores)}")
+        scores, boxes = ([t[None] if t.dim() == 3 else t for t in parts] for parts in (scores, boxes))  # one layer
         found = [_detr_family_cost_fake(s, b, labels, objects, sizes, width, groups, gains, int(class_kind != 0),
                                         alpha, gamma, l1_order, dtypes[9 * p: 9 * p + 9], sanitize, top)
                  for p, (s, b) in enumerate(zip(scores, boxes))]
@@ -492,10 +512,11 @@ if _library.loaded():
         torch._check_value(labels.dim() == 1, lambda: f"labels must be (N,), got {tuple(labels.shape)}")
         torch._check_value(sizes.dim() == 1 and sizes.shape[0] == logits.shape[1],
                            lambda: f"sizes must be (B,) with B = {logits.shape[1]}, got {tuple(sizes.shape)}")
-        torch._check_value(0 <= kind <= 3, lambda: f"kind must be 0, 1, 2 or 3, got {kind}")
-        # the families' operations on fake tensors: their shape and dtype in the call's autocast region
+        torch._check_value(0 <= kind <= 4, lambda: f"kind must be 0, 1, 2, 3 or 4, got {kind}")
+        # the families' operations on fake tensors: their shape and dtype in the call's autocast region (RF-DETR's
+        # over the cross product: the operations of its compact cost, so its dtype)
         padded = labels.new_zeros((logits.shape[1], width))
-        return family_class_terms_reference(logits, padded, FAMILY_CLASS_TERMS[kind], alpha, gamma)
+        return family_class_terms_reference(logits, padded, FAMILY_CLASS_TERMS[min(kind, 3)], alpha, gamma)
 
     @torch.library.register_fake("lucid::matches")
     def _matches_fake(rows, cols, pairs, query_offset, object_offset, layers):

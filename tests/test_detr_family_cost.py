@@ -134,7 +134,7 @@ def test_the_class_terms_op_is_the_families_operations_on_the_cpu(library, kind,
             padded[b, : len(part)] = part
         sizes = torch.tensor(counts)
         with _region("cpu", autocast):
-            theirs = ops.family_class_terms_reference(logits, padded, kind, 0.25, gamma)
+            theirs = ops.family_class_terms_reference(logits, padded, kind, 0.25, gamma, sizes)
             ours = ops.family_class_terms(logits, labels, sizes, width, kind, 0.25, gamma)
         assert ours.dtype == theirs.dtype and ours.shape == (layers, bs, nq, width)
         bits = torch.int32 if ours.dtype == torch.float32 else torch.int16
@@ -337,8 +337,8 @@ def test_bad_parts_are_refused(library):
     for change, words in [(dict(scores=[], boxes=[]), "scores must hold at least one part"),
                           (dict(boxes=boxes[:1]), "boxes must hold one (L, B, Q, 4) stack per part of scores (2)"),
                           (dict(dtypes=codes[:9]), "dtypes must be 9 codes per part (18 for 2 parts)"),
-                          (dict(class_kind=4), "class_kind must be 0 (softmax), 1 (focal), 2"),
-                          (dict(scores=[scores[0], scores[1][0]]), "scores[1] must be (L, B, Q, C)"),
+                          (dict(class_kind=5), "class_kind must be 0 (softmax), 1 (focal), 2"),
+                          (dict(scores=[scores[0], scores[1][0, 0]]), "scores[1] must be (L, B, Q, C) or (B, Q, C)"),
                           (dict(scores=[scores[0], scores[1][:, :2]]), "scores[1] must have the images and queries"),
                           (dict(boxes=[boxes[0], boxes[1][..., :3]]), "boxes must be (L, B, Q, 4)"),
                           (dict(dtypes=codes[:17] + [5]), "dtypes must be codes")]:
@@ -346,12 +346,15 @@ def test_bad_parts_are_refused(library):
             call(**change)
     cost, invalid = call()
     assert cost.shape == (12, 8, 6) and invalid.shape == (1,) and invalid.dtype == torch.int32
+    one_layer = dict(scores=[scores[0], scores[1][0]], boxes=[boxes[0], boxes[1][0]])  # a part of one layer, 3-D
+    assert all(torch.equal(a, b) for a, b in zip(call(**one_layer), (cost, invalid)))
     grad = [scores[0].clone().requires_grad_(), scores[1]]
     assert not any(t.requires_grad for t in call(scores=grad, class_kind=0))  # constants, no graph behind them
-    torch.library.opcheck(op, tuple(dict(scores=scores, boxes=boxes, labels=labels, objects=objects,
-                                         sizes=torch.tensor(counts), width=6, groups=2, gains=[2.0, 5.0, 2.0],
-                                         class_kind=0, alpha=0.25, gamma=2.0, l1_order=0, dtypes=codes,
-                                         sanitize=True, top=3.0e38).values()))
+    for parts_args in (dict(scores=scores, boxes=boxes), one_layer):
+        torch.library.opcheck(op, tuple(dict(**parts_args, labels=labels, objects=objects,
+                                             sizes=torch.tensor(counts), width=6, groups=2, gains=[2.0, 5.0, 2.0],
+                                             class_kind=0, alpha=0.25, gamma=2.0, l1_order=0, dtypes=codes,
+                                             sanitize=True, top=3.0e38).values()))
 
 
 def test_a_cost_one_unit_in_the_last_place_off_fails_the_guard(library, monkeypatch):

@@ -145,9 +145,11 @@ at::Tensor rfdetr_focal_terms(const at::Tensor& x, double alpha, double gamma) {
 // family's own tensors, so that each element is rounded where the family's vectorised CPU kernels round it: kind 0
 // minus the softmax probability of the object's class; 1 the focal terms of every class, then the object's taken; 2
 // the object's probability taken, then its focal terms (each on its layer's own (B * Q, C) tensor); 3 RF-DETR's focal
-// terms of the logits gathered at the objects' classes, every layer at once (its stacked (L * B, Q, width) tensor).
-// labels (N,) are the batch's objects' classes image after image, sizes (B,) their counts; columns past an image's
-// objects take class 0 (as the family's padded blocks). One call from Python.
+// terms of the logits gathered at the objects' classes, every layer at once (its stacked (L * B, Q, width) tensor); 4
+// RF-DETR's focal terms as its forward computes them over the cross product: each layer's logits gathered at every
+// object's class (its (B * Q, N) tensor), each image's block taken from it. labels (N,) are the batch's objects'
+// classes image after image, sizes (B,) their counts; columns past an image's objects take class 0 (as the family's
+// padded blocks), 0 for kind 4 (the cross product has none). One call from Python.
 at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& sizes,
                                 int64_t width, int64_t kind, double alpha, double gamma) {
   const at::NoGradGuard no_grad;  // the op's result is a constant (ops.cpp): its operations record no graph
@@ -160,8 +162,8 @@ at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labe
   TORCH_CHECK_VALUE(sizes.dim() == 1 && sizes.size(0) == logits.size(1), "sizes must be (B,) with B = ",
                     logits.size(1), " (logits' images), got ", sizes.sizes());
   TORCH_CHECK_TYPE(sizes.scalar_type() == at::kLong, "sizes must be int64, got ", sizes.scalar_type());
-  TORCH_CHECK_VALUE(kind >= 0 && kind <= 3, "kind must be 0 (softmax), 1 (focal), 2 (focal of the object's "
-                    "probability) or 3 (RF-DETR's), got ", kind);
+  TORCH_CHECK_VALUE(kind >= 0 && kind <= 4, "kind must be 0 (softmax), 1 (focal), 2 (focal of the object's "
+                    "probability), 3 (RF-DETR's) or 4 (RF-DETR's over the cross product), got ", kind);
   TORCH_CHECK_VALUE(labels.device() == logits.device() && sizes.device() == logits.device(),
                     "logits, labels and sizes must be on one device, got ", logits.device(), ", ", labels.device(),
                     " and ", sizes.device());
@@ -184,6 +186,18 @@ at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labe
     const auto gathered = at::gather(logits.reshape({layers * bs, nq, nc}), 2, index);
     return rfdetr_focal_terms(gathered, alpha, gamma).view({layers, bs, nq, width});
   }
+  if (kind == 4) {
+    at::Tensor out;
+    for (int64_t k = 0; k < layers; ++k) {
+      const auto cross = rfdetr_focal_terms(logits.select(0, k).flatten(0, 1).index_select(1, labels), alpha, gamma);
+      if (k == 0) out = at::zeros({layers, bs, nq, width}, cross.options());  // the terms' dtype in the call's region
+      for (int64_t b = 0, start = 0; b < bs; start += n_ptr[b], ++b) {
+        out.select(0, k).select(0, b).narrow(1, 0, n_ptr[b]).copy_(
+            cross.narrow(0, b * nq, nq).narrow(1, start, n_ptr[b]));
+      }
+    }
+    return out;
+  }
   const auto index = padded.unsqueeze(1).expand({bs, nq, width});
   std::vector<at::Tensor> terms;
   terms.reserve(layers);
@@ -205,9 +219,11 @@ at::Tensor detr_class_terms_cpu(const at::Tensor& logits, const at::Tensor& labe
 // torch.ops.lucid.detr_cost.parts on the CPU: each part's class terms by detr_class_terms_cpu (the family's own ATen
 // operations on the part's own layers), then fill_family_cost of the part into its rows of the one result.
 std::tuple<at::Tensor, at::Tensor> detr_family_parts_cpu(
-    at::TensorList scores, at::TensorList boxes, const at::Tensor& labels, const at::Tensor& objects,
+    at::TensorList score_parts, at::TensorList box_parts, const at::Tensor& labels, const at::Tensor& objects,
     const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_kind,
     double alpha, double gamma, int64_t l1_order, c10::ArrayRef<int64_t> dtypes, bool sanitize, double top) {
+  const auto score_stacks = parts_as_stacks(score_parts), box_stacks = parts_as_stacks(box_parts);
+  const at::TensorList scores(score_stacks), boxes(box_stacks);
   const auto dims = check_family_parts_args(scores, boxes, labels, objects, sizes, width, groups, gains, class_kind,
                                             gamma, l1_order, dtypes);
   int64_t layers = 0;
@@ -223,9 +239,22 @@ std::tuple<at::Tensor, at::Tensor> detr_family_parts_cpu(
     const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], parts_class_term(class_kind), alpha, gamma,
                                               l1_order, dtypes.data() + 9 * p, sanitize, top);
     // the class terms of the objects' classes (one outside [0, C) costs NaN below, its term unread)
-    const auto terms = d.C > 0 && d.N > 0 ? detr_class_terms_cpu(scores[p], lab.clamp(0, d.C - 1), n, width,
-                                                                   class_kind, alpha, gamma)
-                                          : at::Tensor();
+    at::Tensor terms;
+    if (d.C > 0 && d.N > 0) {
+      const auto classes = lab.clamp(0, d.C - 1);
+      if (class_kind == 4) {  // as RF-DETR's forward of each layer: its compact cost where the boxes' dtype is the
+        // objects' (kind 3 of the layer alone), else its cost over the cross product (kind 4)
+        const int64_t kind = boxes[p].scalar_type() == objects.scalar_type() ? 3 : 4;
+        std::vector<at::Tensor> layers_terms;
+        for (int64_t k = 0; k < d.L; ++k) {
+          layers_terms.push_back(
+              detr_class_terms_cpu(scores[p].narrow(0, k, 1), classes, n, width, kind, alpha, gamma).squeeze(0));
+        }
+        terms = at::stack(layers_terms);
+      } else {
+        terms = detr_class_terms_cpu(scores[p], classes, n, width, class_kind, alpha, gamma);
+      }
+    }
     bad |= fill_family_cost(scores[p], boxes[p], lab, objects, n, d, s, terms, out_ptr);
     out_ptr += d.L * d.B * d.Q * d.W;
   }

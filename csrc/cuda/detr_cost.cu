@@ -156,9 +156,11 @@ std::tuple<at::Tensor, at::Tensor> detr_family_cost_cuda(
 // the kernel (of the softmax's probabilities, one ATen launch, where class_kind is 0: the family's own softmax in the
 // call's autocast region); the parts' problems joined in their order, any part's invalid flag the result's.
 std::tuple<at::Tensor, at::Tensor> detr_family_parts_cuda(
-    at::TensorList scores, at::TensorList boxes, const at::Tensor& labels, const at::Tensor& objects,
+    at::TensorList score_parts, at::TensorList box_parts, const at::Tensor& labels, const at::Tensor& objects,
     const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_kind,
     double alpha, double gamma, int64_t l1_order, c10::ArrayRef<int64_t> dtypes, bool sanitize, double top) {
+  const auto score_stacks = parts_as_stacks(score_parts), box_stacks = parts_as_stacks(box_parts);
+  const at::TensorList scores(score_stacks), boxes(box_stacks);
   const auto dims = check_family_parts_args(scores, boxes, labels, objects, sizes, width, groups, gains, class_kind,
                                             gamma, l1_order, dtypes);
   const c10::cuda::CUDAGuard guard(scores[0].device());
