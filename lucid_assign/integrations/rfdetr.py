@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import torch
 
-from .. import __version__, dispatch, ops
+from .. import __version__, _library, dispatch, ops
 from . import _matching as core
 from . import _patching
 from ._patching import RFDETR as STATE
@@ -48,6 +48,16 @@ _verified: dict = {}  # kind of batched call -> its costs equal RF-DETR's own (c
 # every layer in one call, each entry RF-DETR's chain of operations in its dtypes; on the CPU the focal term from its
 # own ATen operations on its own gathered tensor, on CUDA the op's kernel).
 COST_DEVICES = ("cpu", "cuda")
+
+
+# The devices on which a part of one layer goes to detr_cost.parts as the layer's own (B, Q, .) tensors (no stack):
+# those a run has checked.
+ONE_LAYER_PARTS = ("cpu",)
+
+
+def _cost_op_on(device: torch.device) -> bool:
+    """Whether detection steps on ``device`` take RF-DETR's cost from detr_cost.parts (COST_DEVICES, and built)."""
+    return device.type in COST_DEVICES and _library.has_kernel("detr_cost", device.type)
 _plans: dict = {}  # (device, autocast region, dtypes) -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None
 _taking = threading.local()  # .on: RF-DETR's solvers hand back the cost instead of solving (this thread)
 
@@ -173,10 +183,11 @@ def _route(m, outputs_list: list, targets: list) -> str:
       boxes' dtype); its checks decline all or none;
     - "layers": RF-DETR declines its batched path (the layers' dtypes differ: the encoder's boxes in bf16 under
       autocast) and its criterion calls each layer's forward, whose cost is per image block where the objects' boxes
-      have the layer's dtype, else over the batch's cross product (only its image blocks are solved): on CUDA these
-      are computed per image block here too;
+      have the layer's dtype, else over the batch's cross product (only its image blocks are solved): these are
+      computed per image block here too, on CUDA, and on the CPU by detr_cost.parts (whose class term is computed on
+      the tensors each forward computes it on, as the CPU's vectorised math rounds an element by its place);
     - "forwards": anything else (masks, keypoints, batch 1, fixed-row padding, other query counts, the CPU's
-      "layers"): each layer's own forward, its cost taken."""
+      "layers" without the op): each layer's own forward, its cost taken."""
     if not targets or "valid" in targets[0] or not all(m._compact_path_applicable(o, targets) for o in outputs_list):
         return "forwards"
     boxes, logits = outputs_list[0]["pred_boxes"], outputs_list[0]["pred_logits"]
@@ -190,7 +201,7 @@ def _route(m, outputs_list: list, targets: list) -> str:
     if all(o["pred_boxes"].dtype == boxes.dtype and o["pred_logits"].dtype == logits.dtype
            for o in outputs_list) and targets[0]["boxes"].dtype == boxes.dtype:
         return "batched"
-    return "layers" if device.type == "cuda" else "forwards"
+    return "layers" if device.type == "cuda" or _cost_op_on(device) else "forwards"
 
 
 def _minus_giou(box_area, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -250,13 +261,14 @@ def _dtype_plan(m, mod, logits, boxes, objects) -> dict | None:
     return _plans[key]
 
 
-def _op_cost(m, mod, together: list, stacks: list, labels, objects, where: core.Layout):
+def _op_cost(m, mod, together: list, stacks: list, labels, objects, where: core.Layout, route: str = "batched"):
     """Every layer's (cost, invalid) from one call of detr_cost.parts: the cost (layers * images * groups, queries /
     groups, width) in the layers' order, invalid nonzero where RF-DETR's checks of the queries' boxes or of the costs
-    fail (a coordinate not finite or beyond its bound, a cost not finite); each part the layers
-    ``together[i]`` (computed together, as RF-DETR stacks them), its logits and boxes ``stacks[i]``; labels (N,) and
-    objects (N, 4) the batch's, image after image. None where the op cannot give it (a part without a dtype plan, a
-    setting not a number)."""
+    fail (a coordinate not finite or beyond its bound, a cost not finite, so a label outside the classes too); each
+    part the layers ``together[i]`` (computed together, as RF-DETR stacks them), its logits and boxes ``stacks[i]``
+    (stacked, or a layer's own for a part of one); labels (N,) and objects (N, 4) the batch's, image after image;
+    ``route`` "layers" on the CPU: each layer's class term as its forward computes it (class term "rfdetr-layers").
+    None where the op cannot give it (a part without a dtype plan, a setting not a number)."""
     gains = (m.cost_class, m.cost_bbox, m.cost_giou)
     if not all(isinstance(g, (int, float)) for g in (*gains, m.focal_alpha)):
         return None
@@ -265,7 +277,9 @@ def _op_cost(m, mod, together: list, stacks: list, labels, objects, where: core.
         return None
     cost, invalid = ops.detr_family_parts_cost([s[0] for s in stacks], [s[1] for s in stacks], labels, objects,
                                                where.image_sizes, where.width, where.groups, gains,
-                                               class_term="rfdetr", alpha=m.focal_alpha, gamma=mod._FOCAL_LOSS_GAMMA,
+                                               class_term="rfdetr-layers" if route == "layers" and
+                                               objects.device.type == "cpu" else "rfdetr",
+                                               alpha=m.focal_alpha, gamma=mod._FOCAL_LOSS_GAMMA,
                                                l1_order=0 if objects.device.type == "cpu" else 1, dtypes=plans,
                                                sanitize=False)
     order = [k for ks in together for k in ks]
@@ -309,22 +323,31 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
     width, object_dtype = where.width, targets[0]["boxes"].dtype
     # RF-DETR stacks the layers' costs up to a size, per layer above it (its forward: per layer). On CUDA an entry's
     # value is the same either way (elementwise kernels), so alike layers go at once; on the CPU a vectorised loop's
-    # tail may round differently, so RF-DETR's own choice is kept.
+    # tail may round differently, so RF-DETR's own choice is kept (the op's "rfdetr-layers" computes each layer as its
+    # forward does, whatever its parts).
     stacks = layers * images * queries * width <= mod._STACKED_COST_ELEMENT_LIMIT
     alike: dict = {}
     for k, o in enumerate(outputs_list):
         alike.setdefault((o["pred_logits"].dtype, o["pred_boxes"].dtype), []).append(k)
-    together = list(alike.values()) if device.type == "cuda" or stacks else [[k] for ks in alike.values() for k in ks]
+    together = list(alike.values()) if device.type == "cuda" or stacks or route == "layers" else \
+        [[k] for ks in alike.values() for k in ks]
     found = None
-    if device.type in COST_DEVICES:  # every layer's cost in one op call, its parts the layers computed together
-        boxes_of = [torch.stack([outputs_list[k]["pred_boxes"] for k in ks]) for ks in together]
+    if _cost_op_on(device):  # every layer's cost in one op call, its parts the layers computed together (a part of
+        # one layer as it is, on the devices of ONE_LAYER_PARTS)
+        def stacked(ks, key):
+            if len(ks) == 1 and device.type in ONE_LAYER_PARTS:
+                return outputs_list[ks[0]][key]
+            return torch.stack([outputs_list[k][key] for k in ks])
+
+        boxes_of = [stacked(ks, "pred_boxes") for ks in together]
         labels = torch.cat([t["labels"] for t in targets])
-        found = _op_cost(m, mod, together, [(torch.stack([outputs_list[k]["pred_logits"] for k in ks]), boxes)
-                                            for ks, boxes in zip(together, boxes_of)],
-                         labels, torch.cat([t["boxes"] for t in targets]), where)
+        parts = [(stacked(ks, "pred_logits"), boxes) for ks, boxes in zip(together, boxes_of)]
+        found = _op_cost(m, mod, together, parts, labels, torch.cat([t["boxes"] for t in targets]), where, route)
         if found is not None:  # the op checked every query's box as RF-DETR does, and that every cost is finite
             problems, invalid = found
             units = [(ks, boxes, False) for ks, boxes in zip(together, boxes_of)]
+    if found is None and route == "layers" and device.type == "cpu":  # its forwards' tensors are not these blocks
+        return _from_forwards(m, outputs_list, targets, groups, safety, backend)
     if found is None:  # RF-DETR's operations on every layer's padded blocks
         pad = torch.nn.utils.rnn.pad_sequence
         labels = pad([t["labels"] for t in targets], batch_first=True)
@@ -364,7 +387,8 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
                 ok = ok & checked[box_dtype]
             if check_boxes:
                 ok = ok & (boxes.abs() <= torch.finfo(box_dtype).max ** 0.5 / 16).all()
-        elif "labels" not in checked:  # its cost over the cross product ("layers" only): the labels index the logits
+        elif "labels" not in checked and found is None:  # its cost over the cross product ("layers" only): the
+            # labels index the logits (the op's cost of a label outside them is NaN, so invalid says it)
             checked["labels"] = (labels >= 0).all() & (labels < classes).all()
             ok = ok & checked["labels"]
     if not bool(ok):
