@@ -10,12 +10,13 @@ patch() hands every one of those solves to ``torch.ops.lucid.linear_sum_assignme
 own cost, ties included, ragged (no padding), on the cost's device. ``_match_many``, the criterion's call for all
 layers of a step, gives one op call in every case (_route):
 
-- a detection step ("batched", and on CUDA "layers": the layers' dtypes differ, as under bf16 autocast): every
-  layer's cost per image block at once, RF-DETR's values (its own terms, in its dtypes), one synchronisation for
-  RF-DETR's own checks, and the matches stay on the device;
-- any other step (masks, keypoints, batch 1, fixed-row padding; "layers" on the CPU): each layer's cost as RF-DETR's
-  own ``forward`` computes it (taken where it hands it to its solver), then all layers in one op call; the matches on
-  the CPU, as RF-DETR returns them.
+- a detection step ("batched", and "layers": the layers' dtypes differ, as under bf16 autocast): every layer's cost
+  per image block at once, RF-DETR's values (its own terms, in its dtypes; on the CPU from detr_cost.parts, each
+  layer's class term on the tensor RF-DETR computes it on), one synchronisation for RF-DETR's own checks, and the
+  matches stay on the device;
+- any other step (masks, keypoints, batch 1, fixed-row padding; "layers" on the CPU without the compiled op): each
+  layer's cost as RF-DETR's own ``forward`` computes it (taken where it hands it to its solver), then all layers in one
+  op call; the matches on the CPU, as RF-DETR returns them.
 
 Where RF-DETR's own checks fail, the layers go where RF-DETR sends them (each layer's ``forward``, whose solve is the
 op too). The first call of each kind of detection step in a process also computes the costs RF-DETR's own way and
