@@ -51,11 +51,6 @@ _verified: dict = {}  # kind of batched call -> its costs equal RF-DETR's own (c
 COST_DEVICES = ("cpu", "cuda")
 
 
-# The devices on which a part of one layer goes to detr_cost.parts as the layer's own (B, Q, .) tensors (no stack):
-# those a run has checked.
-ONE_LAYER_PARTS = ("cpu",)
-
-
 def _cost_op_on(device: torch.device) -> bool:
     """Whether detection steps on ``device`` take RF-DETR's cost from detr_cost.parts (COST_DEVICES, and built)."""
     return device.type in COST_DEVICES and _library.has_kernel("detr_cost", device.type)
@@ -334,11 +329,9 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
         [[k] for ks in alike.values() for k in ks]
     found = None
     if _cost_op_on(device):  # every layer's cost in one op call, its parts the layers computed together (a part of
-        # one layer as it is, on the devices of ONE_LAYER_PARTS)
+        # one layer as it is)
         def stacked(ks, key):
-            if len(ks) == 1 and device.type in ONE_LAYER_PARTS:
-                return outputs_list[ks[0]][key]
-            return torch.stack([outputs_list[k][key] for k in ks])
+            return torch.stack([outputs_list[k][key] for k in ks]) if len(ks) > 1 else outputs_list[ks[0]][key]
 
         boxes_of = [stacked(ks, "pred_boxes") for ks in together]
         labels = torch.cat([t["labels"] for t in targets])
