@@ -49,13 +49,13 @@ _verified: dict = {}  # kind of batched call -> its costs equal RF-DETR's own (c
 # every layer in one call, each entry RF-DETR's chain of operations in its dtypes; on the CPU the focal term from its
 # own ATen operations on its own gathered tensor, on CUDA the op's kernel).
 COST_DEVICES = ("cpu", "cuda")
+_plans: dict = {}  # (device, autocast region, dtypes) -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None
+_taking = threading.local()  # .on: RF-DETR's solvers hand back the cost instead of solving (this thread)
 
 
 def _cost_op_on(device: torch.device) -> bool:
     """Whether detection steps on ``device`` take RF-DETR's cost from detr_cost.parts (COST_DEVICES, and built)."""
     return device.type in COST_DEVICES and _library.has_kernel("detr_cost", device.type)
-_plans: dict = {}  # (device, autocast region, dtypes) -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None
-_taking = threading.local()  # .on: RF-DETR's solvers hand back the cost instead of solving (this thread)
 
 
 class _Taken(NamedTuple):
