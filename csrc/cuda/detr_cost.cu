@@ -26,6 +26,13 @@ namespace {
 
 constexpr int kMaxGridY = 65535;
 
+// The strides of an (L, B, Q, .) tensor, passed by value to a kernel.
+struct Strides4 {
+  int64_t s0, s1, s2, s3;
+};
+
+Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
+
 // Blocks of (x: query-columns of one image, y: images in turn); each column's cost by detr::column_cost.
 template <typename T>
 __global__ void detr_cost_kernel(const float* __restrict__ pd, const T* __restrict__ scores,
@@ -72,17 +79,16 @@ at::Tensor detr_cost_cuda(const at::Tensor& pred_bboxes, const at::Tensor& pred_
 }
 
 // Blocks of (x: query-columns of one image of one layer, y: (layer, image) pairs in turn); each entry by
-// detr::family_cost, its class term from the query's score of the object's class (any strides) or the given one.
-// Columns past the image's objects are 0. A query's corners are checked by its column-0 thread, an object's by the
-// threads of query 0 in layer 0; any invalid one, and for RF-DETR any query's box or object's cost that fails its
-// checks, sets invalid[0] (every writer writes 1).
-template <typename T>
-__global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int64_t s1, int64_t s2, int64_t s3,
-                                   const float* __restrict__ boxes, const float* __restrict__ objects,
-                                   const int64_t* __restrict__ labels, const int64_t* __restrict__ sizes,
-                                   const float* __restrict__ class_cost, int64_t L, int64_t B, int64_t Q, int64_t C,
-                                   int64_t W, detr::FamilySettings s, float* __restrict__ out,
-                                   int* __restrict__ invalid) {
+// detr::family_cost, its class term from the query's score of the object's class or the given one, the query's box
+// widened to float32 (exact), both read in their dtypes with their strides. Columns past the image's objects are 0.
+// A query's corners are checked by its column-0 thread, an object's by the threads of query 0 in layer 0; any invalid
+// one, and for RF-DETR any query's box or object's cost that fails its checks, sets invalid[0] (every writer writes 1).
+template <typename T, typename TB>
+__global__ void family_cost_kernel(const T* __restrict__ scores, Strides4 ss, const TB* __restrict__ boxes,
+                                   Strides4 bs, const float* __restrict__ objects, const int64_t* __restrict__ labels,
+                                   const int64_t* __restrict__ sizes, const float* __restrict__ class_cost, int64_t L,
+                                   int64_t B, int64_t Q, int64_t C, int64_t W, detr::FamilySettings s,
+                                   float* __restrict__ out, int* __restrict__ invalid) {
   __shared__ int64_t start, count;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t lb = blockIdx.y; lb < L * B; lb += gridDim.y) {
@@ -96,7 +102,9 @@ __global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int
     __syncthreads();
     if (e >= Q * W) continue;
     const int64_t q = e / W, j = e - q * W, row = lb * Q + q;
-    const float* pd = boxes + row * 4;
+    const TB* box = boxes + l * bs.s0 + b * bs.s1 + q * bs.s2;
+    const float pd[4] = {static_cast<float>(box[0]), static_cast<float>(box[bs.s3]),
+                         static_cast<float>(box[2 * bs.s3]), static_cast<float>(box[3 * bs.s3])};
     float c[4];
     if (j == 0) {
       detr::family_corners(pd, s.pred_corners, s, c);
@@ -112,15 +120,47 @@ __global__ void family_cost_kernel(const T* __restrict__ scores, int64_t s0, int
       if (cls < 0 || cls >= C) {
         v = CUDART_NAN_F;
       } else {
-        const float term = class_cost != nullptr
-                               ? class_cost[row * W + j]
-                               : detr::class_term(static_cast<float>(scores[l * s0 + b * s1 + q * s2 + cls * s3]), s);
+        const float term =
+            class_cost != nullptr
+                ? class_cost[row * W + j]
+                : detr::class_term(static_cast<float>(scores[l * ss.s0 + b * ss.s1 + q * ss.s2 + cls * ss.s3]), s);
         v = detr::family_cost(term, pd, objects + k * 4, s);
       }
       if (detr::family_entry_declines(v, s)) invalid[0] = 1;
     }
     out[row * W + j] = v;
   }
+}
+
+// The objects, their labels and the sizes as the family kernel reads them (float32, int64, contiguous: no copy where
+// they are so already).
+struct FamilyObjects {
+  at::Tensor objects, labels, sizes;
+};
+
+FamilyObjects family_objects(const at::Tensor& objects, const at::Tensor& labels, const at::Tensor& sizes) {
+  return {objects.to(at::kFloat).contiguous(), labels.to(at::kLong).contiguous(), sizes.to(at::kLong).contiguous()};
+}
+
+// One stack's launch of family_cost_kernel on the current stream, its (L * B * G, Q / G, W) cost written at out and
+// its checks at invalid.
+void launch_family_cost(const at::Tensor& scores, const at::Tensor& boxes, const FamilyObjects& o,
+                        const at::Tensor& class_cost, const FamilyCostDims& d, const detr::FamilySettings& s,
+                        float* out, int* invalid) {
+  if (d.L * d.B * d.Q * d.W == 0) return;
+  const dim3 grid(blocks_for(d.Q * d.W), static_cast<unsigned>(std::min<int64_t>(d.L * d.B, kMaxGridY)));
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const Strides4 ss = strides4(scores), bs = strides4(boxes);
+  const float* cc = class_cost.defined() ? class_cost.data_ptr<float>() : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, boxes.scalar_type(), "family_cost_boxes", [&] {
+    using box_t = scalar_t;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "family_cost_scores", [&] {
+      family_cost_kernel<scalar_t, box_t><<<grid, kThreads, 0, stream>>>(
+          scores.data_ptr<scalar_t>(), ss, boxes.data_ptr<box_t>(), bs, o.objects.data_ptr<float>(),
+          o.labels.data_ptr<int64_t>(), o.sizes.data_ptr<int64_t>(), cc, d.L, d.B, d.Q, d.C, d.W, s, out, invalid);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor> detr_family_cost_cuda(
@@ -136,25 +176,16 @@ std::tuple<at::Tensor, at::Tensor> detr_family_cost_cuda(
   auto out = at::empty({d.L * d.B * d.G, d.Q / d.G, d.W}, scores.options().dtype(at::kFloat));
   auto invalid = at::zeros({1}, scores.options().dtype(at::kInt));
   if (out.numel() == 0) return {out, invalid};
-  const auto bx = boxes.to(at::kFloat).contiguous(), obj = objects.to(at::kFloat).contiguous();
-  const auto lab = labels.to(at::kLong).contiguous(), n = sizes.to(at::kLong).contiguous();
   const at::Tensor cc = class_cost.has_value() ? class_cost->to(at::kFloat).contiguous() : at::Tensor();
-  const dim3 grid(blocks_for(d.Q * d.W), static_cast<unsigned>(std::min<int64_t>(d.L * d.B, kMaxGridY)));
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, scores.scalar_type(), "detr_family_cost_cuda", [&] {
-    family_cost_kernel<scalar_t><<<grid, kThreads, 0, stream>>>(
-        scores.data_ptr<scalar_t>(), scores.stride(0), scores.stride(1), scores.stride(2), scores.stride(3),
-        bx.data_ptr<float>(), obj.data_ptr<float>(), lab.data_ptr<int64_t>(), n.data_ptr<int64_t>(),
-        cc.defined() ? cc.data_ptr<float>() : nullptr, d.L, d.B, d.Q, d.C, d.W, s, out.data_ptr<float>(),
-        invalid.data_ptr<int>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  launch_family_cost(scores, boxes, family_objects(objects, labels, sizes), cc, d, s, out.data_ptr<float>(),
+                     invalid.data_ptr<int>());
   return {out, invalid};
 }
 
-// torch.ops.lucid.detr_cost.parts on the GPU: detr_cost.family's launch for each part, the class term computed in
-// the kernel (of the softmax's probabilities, one ATen launch, where class_kind is 0: the family's own softmax in the
-// call's autocast region); the parts' problems joined in their order, any part's invalid flag the result's.
+// torch.ops.lucid.detr_cost.parts on the GPU: detr_cost.family's kernel for each part, writing its problems at their
+// place in one result, every part's checks in one flag; the class term computed in the kernel (of the softmax's
+// probabilities, one ATen launch a part, where class_kind is 0: the family's own softmax in the call's autocast
+// region).
 std::tuple<at::Tensor, at::Tensor> detr_family_parts_cuda(
     at::TensorList score_parts, at::TensorList box_parts, const at::Tensor& labels, const at::Tensor& objects,
     const at::Tensor& sizes, int64_t width, int64_t groups, c10::ArrayRef<double> gains, int64_t class_kind,
@@ -165,17 +196,23 @@ std::tuple<at::Tensor, at::Tensor> detr_family_parts_cuda(
                                             gamma, l1_order, dtypes);
   const c10::cuda::CUDAGuard guard(scores[0].device());
   const at::NoGradGuard no_grad;  // the op's result is a constant (ops.cpp): the softmax records no graph
-  std::vector<at::Tensor> costs, flags;
+  int64_t problems = 0;
+  for (const auto& d : dims) problems += d.L * d.B * d.G;
+  const auto& d0 = dims[0];
+  auto out = at::empty({problems, d0.Q / d0.G, d0.W}, scores[0].options().dtype(at::kFloat));
+  auto invalid = at::zeros({1}, scores[0].options().dtype(at::kInt));
+  if (out.numel() == 0) return {out, invalid};
+  const auto o = family_objects(objects, labels, sizes);
+  float* at_part = out.data_ptr<float>();
   for (size_t p = 0; p < dims.size(); ++p) {
+    const auto& d = dims[p];
+    const auto s = detr::make_family_settings(gains[0], gains[1], gains[2], parts_class_term(class_kind), alpha,
+                                              gamma, l1_order, dtypes.data() + 9 * p, sanitize, top);
     const at::Tensor sc = class_kind == 0 ? scores[p].softmax(-1) : scores[p];
-    auto [cost, invalid] =
-        detr_family_cost_cuda(sc, boxes[p], labels, objects, sizes, width, groups, gains, parts_class_term(class_kind),
-                              alpha, gamma, l1_order, dtypes.slice(9 * p, 9), sanitize, top, c10::nullopt);
-    costs.push_back(std::move(cost));
-    flags.push_back(std::move(invalid));
+    launch_family_cost(sc, boxes[p], o, at::Tensor(), d, s, at_part, invalid.data_ptr<int>());
+    at_part += d.L * d.B * d.Q * d.W;
   }
-  if (costs.size() == 1) return {costs[0], flags[0]};
-  return {at::cat(costs), at::stack(flags).amax(0)};
+  return {out, invalid};
 }
 
 }  // namespace
