@@ -205,6 +205,53 @@ def test_the_memo_serves_only_the_same_call():
     assert afresh(stack[1], change=lambda: setattr(m, "gain", 3.0), gain=3.0)  # another setting
 
 
+def test_the_loss_calls_named_calls_are_served_by_ticket_by_the_same_rule(monkeypatch):
+    """Inside a loss call (loss_call), the first call's memo holds a ticket for each call the loss named; a later call
+    on those very inputs is served by its ticket without looking for its stack (no _keyed), under the rule of "same
+    call": after any change that rule sees, the call is not served (None: its caller computes it afresh)."""
+    g = torch.Generator().manual_seed(5)
+    stack, objects, counts = torch.rand(3, 2, 6, 4, generator=g), torch.rand(5, 4, generator=g), [2, 3]
+    views = [stack[k] for k in range(3)]
+    m = Matcher()
+    keyed, plain_keyed = [], core._keyed
+    monkeypatch.setattr(core, "_keyed", lambda *a, **k: keyed.append(1) or plain_keyed(*a, **k))
+
+    def served(view, objects_=objects, counts_=counts):
+        return core.served(m, (view,), (objects_,), core.layout(counts_, 6, 1, "cpu"), "reference", True)
+
+    def later(change=lambda: None, view=1, region=False, **kw):
+        """A new first call (on layer 2), ``change()``, then the call on ``view`` (a layer's index: its named view,
+        or a tensor), under bf16 autocast where ``region``: (its matches or None, whether it was served without
+        _keyed)."""
+        core._MEMOS.pop(m, None)
+        _call(m, views[2], objects, counts)
+        change()
+        keyed.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=region):
+            found = served(views[view] if isinstance(view, int) else view, **kw)
+        return found, not keyed
+
+    with core.loss_call(m, [(v,) for v in views]):
+        found, by_ticket = later()
+        assert by_ticket and _same(found, _alone(stack[1], objects, counts))
+        assert m._costs == 1
+        assert served(views[1]) is None  # each layer once
+        assert _same(served(views[0]), _alone(stack[0], objects, counts))
+        assert m._costs == 1
+        found, by_ticket = later(view=stack[1])  # another view of the same layer: the same call, by its stack
+        assert not by_ticket and _same(found, _alone(stack[1], objects, counts))
+        assert later(change=lambda: stack[1].mul_(0.5))[0] is None  # in place: the version moves on
+        assert later(change=lambda: objects.add_(0.0))[0] is None  # the objects in place
+        assert later(objects_=objects.clone())[0] is None  # other objects
+        assert later(counts_=[3, 2])[0] is None  # another layout
+        assert later(change=lambda: setattr(m, "gain", 3.0))[0] is None  # another setting
+        m.gain = 2.0
+        assert later(region=True)[0] is None  # another autocast region
+        # the same tensor made a view of layer 0 (no version moves on): served as layer 0's call, by its stack
+        found, by_ticket = later(change=lambda: setattr(views[1], "data", stack[0]))
+        assert not by_ticket and _same(found, _alone(stack[0], objects, counts))
+
+
 def test_a_stacks_refusals_are_read_once_and_raised_at_their_layers_call(library, monkeypatch):
     """With the check on, the first call on a stack reads the status of every layer in one read (settle); a layer
     whose problem SciPy refuses raises SciPy's error at its own call, the others are served from what was read."""

@@ -345,7 +345,7 @@ def test_layer_matches_follow_their_inputs(library):
         matcher(layer(2), targets)  # the class's first call, checked
         for k in (2, 0, 1):  # 2 matches all three layers at once; 0 and 1 are served
             assert lt._same(matcher(layer(k), targets), own(matcher, layer(k), targets))
-        assert core._MEMOS.get(matcher) and not any(memo._layers for memo in core._MEMOS[matcher])
+        assert core._MEMOS.get(matcher) and not any(memo._layers for memo in core._MEMOS[matcher].memos)
         matcher(layer(2), targets)  # a new pass over the stack: all its layers again
         logits[:, 1] = logits[:, 1].flip(1)  # in place: layer 1's served matches would be stale
         assert lt._same(matcher(layer(1), targets), own(matcher, layer(1), targets))

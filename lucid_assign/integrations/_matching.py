@@ -91,6 +91,11 @@ def _layout(counts: tuple, queries: int, groups: int, device: torch.device) -> L
                   query_offset, object_offset, tuple((k * groups).tolist()), image_sizes)
 
 
+def count(v) -> int:
+    """``len(v)``: an image's objects, from a tensor's first dimension without Tensor.__len__'s Python call."""
+    return v.shape[0] if type(v) is torch.Tensor and v.dim() > 0 else len(v)
+
+
 def pad_objects(flat: torch.Tensor, where: Layout) -> torch.Tensor:
     """The batch's objects (N, ...), image after image, as per-image blocks (images, most objects, ...), zeros after
     each image's objects: ``pad_sequence(flat.split(counts), batch_first=True)`` as one scatter."""
@@ -393,17 +398,41 @@ class Memo:
     """Every layer's matches of one stack against one batch of objects, each handed out once. It keeps weak
     references to the stacks and the objects (never the autograd graph alive) and serves a later call only while
     they are the same tensors, unchanged (their version counters), in the same geometry, with the same layout and
-    the matcher's same settings and autocast region: the one rule of "same call"."""
+    the matcher's same settings and autocast region: the one rule of "same call". Its tickets serve the calls whose
+    inputs the loss call in progress named (loss_call) by the same rule, told without looking for their stacks: the
+    same input tensors, in the same geometry, on the same stacks."""
 
-    def __init__(self, refs: list, key: tuple, layers: dict, info: tuple, where: Layout, codes: list | None):
-        self._refs, self._key, self._layers, self._info, self._where = refs, key, layers, info, where  # info: (the
-        # solve's status, this stack's first layer among the solve's, the solve's layers)
+    def __init__(self, stacks: list, key: tuple, layers: dict, info: tuple, where: Layout, codes: list | None,
+                 tickets: dict):
+        self._stacks, self._key = stacks, key  # weak references; the key (_keyed's)
+        self._layers, self._info, self._where = layers, info, where  # info: (the solve's status, this stack's first
+        # layer among the solve's, the solve's layers)
         self._codes = codes  # info read to the host (each layer's), where it was read at the stack's first call
+        self.tickets = tickets  # id of a call's first input -> (its inputs (weak), their geometry, its layer)
 
-    def take(self, tensors: list, key: tuple, layer: int, check: bool):
-        if (layer not in self._layers or key != self._key or len(tensors) != len(self._refs)
-                or any(ref() is not t for ref, t in zip(self._refs, tensors))):
+    def take(self, stacks: list, key: tuple, layer: int, check: bool):
+        """This call's matches (its objects the solve's: _memos_of) where its stacks and key are the memo's, else
+        None."""
+        if (layer not in self._layers or key != self._key or len(stacks) != len(self._stacks)
+                or any(ref() is not t for ref, t in zip(self._stacks, stacks))):
             return None
+        return self._hand(layer, check)
+
+    def take_ticket(self, inputs: Sequence[torch.Tensor], rest: tuple, check: bool):
+        """The matches of a call (its objects the solve's) whose inputs this memo holds a ticket for, by the rule of take(),
+        else None. ``rest``: _call_key's."""
+        ticket = self.tickets.get(id(inputs[0]))
+        if ticket is None:
+            return None
+        refs, geometry, layer = ticket
+        if (layer not in self._layers or rest != self._key[2] or len(inputs) != len(refs)
+                or any(ref() is not t for ref, t in zip(refs, inputs))
+                or _geometry(inputs, self._stacks) != geometry
+                or tuple(t._version for t in inputs) != self._key[1]):
+            return None
+        return self._hand(layer, check)
+
+    def _hand(self, layer: int, check: bool):
         if check:
             if self._codes is None:
                 info, first, layers = self._info  # the solve's status of every part's layers
@@ -414,39 +443,84 @@ class Memo:
         return self._layers.pop(layer)
 
 
-_MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # matcher -> the Memos of its last solve (a stack's
-# each), kept outside the matcher (which trainers deep-copy and save with the model)
+def _geometry(inputs: Sequence[torch.Tensor], stacks: list) -> tuple | None:
+    """Each input's shape, strides and place in its stack (``stacks``: weak references to them, input by input), or
+    None where an input is not a view of its stack (nor the stack)."""
+    found = []
+    for t, ref in zip(inputs, stacks):
+        stack = ref()
+        if stack is not t and t._base is not stack:
+            return None
+        found.append((tuple(t.shape), t.stride(), t.storage_offset()))
+    return tuple(found)
 
 
-def _keyed(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, backend: str,
-           alone: bool = False):
-    """(where each input sits in its stack, the tensors whose identity the call depends on, the rest of its key: the
-    geometry, the versions, the layout, the matcher's settings, the backend and the autocast region of the inputs'
-    device), or None where the inputs are not the same layer of stacks or the call cannot be keyed (inference
-    tensors track no versions). ``alone``: inputs that are not the same layer of stacks are each a stack of one layer
-    (a loss call's output of its own, see loss_call)."""
+class Solve(NamedTuple):
+    """A matcher's last solve: its objects (weak references and versions: _seen) and its Memos (a stack's each)."""
+
+    objects: list
+    memos: list
+
+
+_MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # matcher -> its last Solve, kept outside the matcher
+# (which trainers deep-copy and save with the model)
+
+
+def _memos_of(m, objects: Sequence[torch.Tensor]) -> list:
+    """The memos of the matcher's last solve where ``objects`` are its objects, unchanged (the first test of the rule:
+    the solve of an earlier batch fails at its first object), else []."""
+    solve_ = _MEMOS.get(m)
+    if solve_ is None:
+        return []
+    mine = solve_.objects
+    same = len(objects) == len(mine) and all(r() is t and t._version == v for (r, v), t in zip(mine, objects))
+    return solve_.memos if same else []
+
+
+def _seen(objects: Sequence[torch.Tensor]) -> list | None:
+    """The objects as a solve holds them: (a weak reference, its version) each; None where an object tracks no
+    version (an inference tensor: the call cannot be keyed)."""
+    try:
+        return [(weakref.ref(t), t._version) for t in objects]
+    except RuntimeError:
+        return None
+
+
+def _call_key(m, where: Layout, backend: str, device: str) -> tuple:
+    """What every input of a call shares in its key besides its objects: the layout, the matcher's settings, the
+    backend and the autocast region of the inputs' device."""
+    region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
+    return where.counts, where.queries, where.groups, settings_of(m), backend, region
+
+
+def _keyed(m, inputs: Sequence[torch.Tensor], where: Layout, backend: str, alone: bool = False,
+           rest: tuple | None = None):
+    """(where each input sits in its stack, the stacks, the key: the geometry, the stacks' versions and _call_key's),
+    or None where the inputs are not the same layer of stacks or the call cannot be keyed (inference tensors track
+    no versions). ``alone``: inputs that are not the same layer of stacks are each a stack of one layer (a loss
+    call's output of its own, see loss_call). ``rest``: _call_key's, where the caller has it."""
     found = [layer_of(t) for t in inputs]
     if any(f is None for f in found) or len({(f.layer, f.layers) for f in found}) != 1:
         if not alone:
             return None
         found = [Layer(t, max(t.numel(), 1), 0, 1, 0) for t in inputs]
-    tensors = [f.stack for f in found] + list(objects)
+    stacks = [f.stack for f in found]
     try:
-        versions = tuple(t._version for t in tensors)
+        versions = tuple(t._version for t in stacks)
     except RuntimeError:  # an inference tensor
         return None
+    if rest is None:
+        rest = _call_key(m, where, backend, inputs[0].device.type)
     geometry = tuple((f.step, f.layers, f.where, tuple(t.shape), t.stride()) for f, t in zip(found, inputs))
-    device = inputs[0].device.type
-    region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
-    return found, tensors, (geometry, versions, where.counts, where.queries, where.groups, settings_of(m), backend,
-                            region)
+    return found, stacks, (geometry, versions, rest)
 
 
-def _take(m, keyed, check: bool):
-    """A memo's matches for this call (the first of the matcher's memos that serves it), or None."""
-    found, tensors, key = keyed
-    for memo in _MEMOS.get(m, ()):
-        served = memo.take(tensors, key, found[0].layer, check)
+def _take(memos: list, keyed, check: bool):
+    """A memo's matches for this call (the first of ``memos``, those holding its objects, that serves it), or
+    None."""
+    found, stacks, key = keyed
+    for memo in memos:
+        served = memo.take(stacks, key, found[0].layer, check)
         if served is not None:
             return served
     return None
@@ -456,10 +530,16 @@ def served(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], w
            check: bool):
     """This call's matches where an earlier call on the same stacks (layered) solved them and the memo serves the
     same call, else None: what layered() would serve, without its cost function."""
-    if m not in _MEMOS:
+    memos = _memos_of(m, objects)
+    if not memos:
         return None
-    keyed = _keyed(m, inputs, objects, where, backend, alone=bool(_loss_inputs(m)))
-    return None if keyed is None else _take(m, keyed, check)
+    rest = _call_key(m, where, backend, inputs[0].device.type)
+    for memo in memos:  # a call the loss named: its ticket
+        found = memo.take_ticket(inputs, rest, check)
+        if found is not None:
+            return found
+    keyed = _keyed(m, inputs, where, backend, alone=bool(_loss_inputs(m)), rest=rest)
+    return None if keyed is None else _take(memos, keyed, check)
 
 
 # --- every matcher call of one loss call at once --------------------------------------------------------------------
@@ -492,19 +572,48 @@ def _loss_inputs(m) -> list:
     return []
 
 
-def _parts(m, inputs, keyed, objects, where: Layout, backend: str) -> list:
-    """The stacks solved with this call's: its own, then those of the loss call's other calls (each once) whose
-    layers have its layers' shapes and devices; each as (its key, its inputs, its stacked views)."""
+def _parts(m, inputs, keyed, where: Layout, backend: str) -> tuple:
+    """(the stacks solved with this call's: its own, then those of the loss call's other calls (each once) whose
+    layers have its layers' shapes and devices, each as (its key, its inputs, its stacked views); the tickets of the
+    loss call's other calls: (part, layer, inputs))."""
     parts = [(keyed, inputs, [stacked(t, f) for t, f in zip(inputs, keyed[0])])]
+    tickets = []
     for other in _loss_inputs(m):
         if len(other) != len(inputs) or any(a is b for a, b in zip(other, inputs)):
             continue
-        k = _keyed(m, other, objects, where, backend, alone=True)
-        if k is None or any(all(a is b for a, b in zip(k[1], p[1])) and k[2] == p[2] for p, _, _ in parts):
-            continue  # a layer of a stack already taken
-        if all(t.device == o.device and tuple(t.shape) == tuple(o.shape) for t, o in zip(other, inputs)):
+        plain = next(((p, layer) for p, (pk, like, _) in enumerate(parts)
+                      if (layer := _plain_layer(other, pk[0], like)) is not None), None)
+        if plain is not None:  # a layer of a part's stacks, told without looking for them
+            tickets.append((*plain, other))
+            continue
+        k = _keyed(m, other, where, backend, alone=True, rest=keyed[2][2])
+        if k is None:
+            continue
+        taken = next((p for p, (pk, _, _) in enumerate(parts)
+                      if all(a is b for a, b in zip(k[1], pk[1])) and k[2] == pk[2]), None)
+        if taken is None and all(t.device == o.device and tuple(t.shape) == tuple(o.shape)
+                                 for t, o in zip(other, inputs)):
+            taken = len(parts)
             parts.append((k, other, [stacked(t, f) for t, f in zip(other, k[0])]))
-    return parts
+        if taken is not None:  # a layer of a stack taken
+            tickets.append((taken, k[0][0].layer, other))
+    return parts, tickets
+
+
+def _plain_layer(tensors: Sequence[torch.Tensor], found: list, like: Sequence[torch.Tensor]) -> int | None:
+    """The layer l of the stacks where ``like`` sit (``found``: their Layers) that ``tensors`` are, each the view of
+    its stack that stacked() gives for layer l (the same dtype, shape and strides as ``like``'s, l steps from the
+    stack's first layer: the same elements); else None (layer_of then tells)."""
+    layer = None
+    for t, f, o in zip(tensors, found, like):
+        if (type(t) is not torch.Tensor or t._base is not f.stack or t.dtype != o.dtype or t.shape != o.shape
+                or t.stride() != o.stride()):
+            return None
+        k, r = divmod(t.storage_offset() - f.stack.storage_offset() - f.where, f.step)
+        if r != 0 or not 0 <= k < f.layers or layer not in (None, k):
+            return None
+        layer = k
+    return layer
 
 
 def by_dtypes(views: list, costs: Callable):
@@ -538,7 +647,7 @@ def by_dtypes(views: list, costs: Callable):
 
 
 def _problems_of(parts: list, costs: Callable, joined: Callable | None):
-    """(problems, declined, the parts solved) of the parts' layers, part after part: by ``joined`` (every part's
+    """(problems, declined, the indices of the parts solved) of the parts' layers, part after part: by ``joined`` (every part's
     views at once -> by_dtypes's result, or None) where given, else by_dtypes with ``costs``; None where this call's
     own part has no layered cost."""
     views = [part[2] for part in parts]
@@ -546,7 +655,7 @@ def _problems_of(parts: list, costs: Callable, joined: Callable | None):
     if found is None or not found[2][0]:
         return None
     problems, declined, kept = found
-    return problems, declined, [part for part, k in zip(parts, kept) if k]
+    return problems, declined, [p for p, k in enumerate(kept) if k]
 
 
 def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, costs: Callable,
@@ -560,19 +669,20 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
     inputs (the rest it depends on: the matcher's settings, settings_of, and the autocast region). ``check``: SciPy's
     error at the call of a layer whose problem it refuses. The flag and the status of every layer are read at the
     first call, in one synchronisation. ``joined``: the problems of every part at once, where given (_problems_of)."""
-    keyed = _keyed(m, inputs, objects, where, backend, alone=bool(_loss_inputs(m)))
+    seen = _seen(objects)
+    keyed = None if seen is None else _keyed(m, inputs, where, backend, alone=bool(_loss_inputs(m)))
     if keyed is None:
         return None
-    served = _take(m, keyed, check)
+    served = _take(_memos_of(m, objects), keyed, check)
     if served is not None:
         return served
-    parts = _parts(m, inputs, keyed, objects, where, backend)
+    parts, tickets = _parts(m, inputs, keyed, where, backend)
     with torch.no_grad():  # the views and costs of the layers record nothing for autograd
         found = _problems_of(parts, costs, joined)
         if found is None:
             return None
-        problems, declined, parts = found
-        counts = [k[0][0].layers for k, _, _ in parts]
+        problems, declined, solved = found
+        counts = [parts[p][0][0][0].layers for p in solved]
         layers = sum(counts)
         rows, cols, info = solve(problems, where, backend, layers)
         per_layer = matches(rows, cols, where, layers, batch_objects)
@@ -581,10 +691,14 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
             return None
     images, per = len(where.counts), info.shape[0] // layers
     memos, first = [], 0
-    for (_, tensors, key), n in zip((k for k, _, _ in parts), counts):
+    for part, n in zip(solved, counts):
+        _, stacks, key = parts[part][0]
         results = {k: per_layer[(first + k) * images:(first + k + 1) * images] for k in range(n)}
         mine = None if codes is None else [codes[(first + k) * per:(first + k + 1) * per] for k in range(n)]
-        memos.append(Memo([weakref.ref(t) for t in tensors], key, results, (info, first, layers), where, mine))
+        refs = [weakref.ref(t) for t in stacks]
+        held = {id(call[0]): ([weakref.ref(t) for t in call], geometry, layer) for p, layer, call in tickets
+                if p == part and (geometry := _geometry(call, refs)) is not None}
+        memos.append(Memo(refs, key, results, (info, first, layers), where, mine, held))
         first += n
-    _MEMOS[m] = memos
+    _MEMOS[m] = Solve(seen, memos)
     return memos[0].take(keyed[1], keyed[2], keyed[0][0].layer, check)

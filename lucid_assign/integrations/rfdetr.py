@@ -311,7 +311,7 @@ def _from_blocks(m, outputs_list: list, targets: list, groups: int, safety, back
     boxes0, logits0 = outputs_list[0]["pred_boxes"], outputs_list[0]["pred_logits"]
     device, classes, queries = boxes0.device, logits0.shape[-1], logits0.shape[1]
     layers, images = len(outputs_list), len(targets)
-    sizes = [len(t["boxes"]) for t in targets]
+    sizes = [core.count(t["boxes"]) for t in targets]
     if sum(sizes) == 0:  # RF-DETR's per-layer calls: no object, no match
         return _empty(layers, images, "cpu")
     _check_groups(queries, groups)

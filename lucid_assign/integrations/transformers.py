@@ -351,7 +351,7 @@ def _kind(m, outputs: dict, targets: list) -> tuple:
     logits, boxes = outputs["logits"], outputs["pred_boxes"]
     device = logits.device.type
     region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
-    dtypes = tuple(sorted({(k, v.dtype, v.device.type) for t in targets for k, v in t.items()
+    dtypes = tuple(sorted({(k, v.dtype, v.device) for t in targets for k, v in t.items()
                            if isinstance(v, torch.Tensor)}, key=str))
     return type(m), device, logits.dtype, boxes.dtype, boxes.device.type, dtypes, region, core.settings_of(m)
 
@@ -392,7 +392,7 @@ def _patched_forward(cls, own, spec: Matcher):
         checking = cls not in _verified
         groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
         logits = outputs["logits"]
-        where = core.layout([len(t[spec.sizes_key]) for t in targets], logits.shape[1], groups, logits.device)
+        where = core.layout([core.count(t[spec.sizes_key]) for t in targets], logits.shape[1], groups, logits.device)
         if not checking and len(args) + len(kwargs) == spec.grouped and spec.layered:
             found = _served(self, outputs, targets, where, backend, check)  # a later layer of a stack matched at once
             if found is not None:
