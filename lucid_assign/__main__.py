@@ -10,8 +10,6 @@
                          processes, e.g. lucid-assign run --matcher models.matcher:HungarianMatcher -- python train.py
 """
 
-from __future__ import annotations
-
 import sys
 
 from . import _launch

@@ -1,8 +1,6 @@
 """The ``lucid-assign`` console script: ``run`` launches (lucid_assign/_launch.py) before the package's modules load
 (no torch, no import lock held while COMMAND runs); the other commands are lucid_assign.__main__'s."""
 
-from __future__ import annotations
-
 
 def console() -> int:
     from . import _launch

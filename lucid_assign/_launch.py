@@ -13,8 +13,6 @@ run`` (or ``python -m lucid_assign run``), and then the package imports nothing 
 script (lucid_assign/_console.py) or ``python -m`` (lucid_assign/__main__.py) calls ``launch``.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
