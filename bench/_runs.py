@@ -117,5 +117,6 @@ def paired_case(base: dict, ours: dict, indent: int, **fields) -> dict:
     paired = statistics.median(1 - q / u for u, q in zip(base["times"], ours["times"]))
     print(f"{'':>{indent}} step {100 * (1 - ours['step_s'] / base['step_s']):+.1f}% faster with the patch "
           f"(median of the paired steps: {100 * paired:+.1f}%)", flush=True)
-    return dict(**fields, paired_faster=paired, **{name: {k: r[k] for k in ("step_s", "matcher_s", "calls", "times")}
+    kept = ("step_s", "matcher_s", "calls", "call_s", "times")
+    return dict(**fields, paired_faster=paired, **{name: {k: r[k] for k in kept if k in r}
                                                    for name, r in (("own", base), ("patched", ours))})

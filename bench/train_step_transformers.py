@@ -15,7 +15,8 @@ autocast (the loss matches queries to objects once per decoder layer, and once f
 the model has them), backward and an SGD step, on DOTA-like axis-aligned objects (lucid_assign.synthetic). Both
 variants are built from one seed and their steps alternate. It reports the median step time and, from separate
 instrumented steps, the matcher's time: every call timed between two device synchronisations (its host work and its
-GPU work, overlapped with nothing: an upper bound of its cost in the step), and its share of the step.
+GPU work, overlapped with nothing: an upper bound of its cost in the step), and its share of the step; and the median
+time of each of the patched matcher's calls (the loss call's first, which solves every layer, then the others).
 """
 
 from __future__ import annotations
@@ -127,10 +128,12 @@ def measure(args, family: str, objects: int) -> list:
                 with timed_matcher(FAMILIES[family], device, spans):
                     step(r["model"], r["opt"], *batches[i % 3], device)
                     sync(device)
-                per_step.append(sum(spans))
-                calls = len(spans)
-        r.update(objects=objects, step_s=statistics.median(r["times"]), matcher_s=statistics.median(per_step),
-                 calls=calls)
+                per_step.append(spans)
+        calls = len(per_step[0])
+        r.update(objects=objects, step_s=statistics.median(r["times"]),
+                 matcher_s=statistics.median(sum(spans) for spans in per_step), calls=calls,
+                 call_s=[statistics.median(spans[c] for spans in per_step) for c in range(calls)]
+                 if all(len(spans) == calls for spans in per_step) else [])
         del r["model"], r["opt"]
     return runs
 
@@ -168,6 +171,7 @@ def main(argv=None):
                 print(f"{family:<16} {batch:>5} {objects:>7} {'patched' if r['patched'] else 'own':<8} "
                       f"{r['step_s'] * 1e3:9.1f} {r['matcher_s'] * 1e3:13.2f} ({r['calls']}) "
                       f"{100 * r['matcher_s'] / r['step_s']:6.2f}%")
+            print(f"{'':>30} the patched calls: " + " ".join(f"{t * 1e3:.3f}" for t in runs[1]["call_s"]) + " ms")
             results.append(paired_case(*runs, 30, family=family, batch=batch, imgsz=args.imgsz, objects=objects))
     if args.out:
         env = dict(torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,

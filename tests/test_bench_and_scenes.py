@@ -393,6 +393,8 @@ def test_the_transformers_step_bench_writes_the_record_the_readme_rows_come_from
     rec = json.loads(out.read_text())
     (r,) = rec["results"]
     assert (r["family"], r["batch"], r["objects"], r["own"]["calls"], r["patched"]["calls"]) == ("detr", 1, 2, 6, 6)
+    for run_ in (r["own"], r["patched"]):  # one instrumented step: each call's time, adding up to the matcher's
+        assert len(run_["call_s"]) == 6 and sum(run_["call_s"]) == run_["matcher_s"]
     assert rec["environment"]["transformers"] and rec["environment"]["gpu"] == "cpu"
     module = _figures()
     (row,) = module._step_rows(rec)
