@@ -21,9 +21,9 @@ launch": 12 operations or fewer per loss call, one synchronisation at most, what
 
     python bench/matcher_ops.py --device cuda --batch 16 --objects 10 200 --profile   # where a patched call's time goes
 
-``--profile``: the patched matcher's calls of one loss call, taken as the loss made them and made again under
-torch.profiler, each between two synchronisations: each call's time, the host time of each part of the patched path
-(the regions below) and the device time of each kernel.
+``--profile``: the patched matcher's calls of one loss call, taken as the loss made them and made again, each between
+two synchronisations: each call's time without the profiler (the median of 20), then under torch.profiler each call's
+time, the host time of each part of the patched path (the regions below) and the device time of each kernel.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import time
 from collections import Counter
@@ -213,9 +214,15 @@ def profile(family: str, args, objects: int) -> None:
         loss_call()
         with (around_rfdetr if family == RFDETR else around_matcher)(FAMILIES.get(family, family), keep):
             loss_call()
-        with region, as_the_loss():
-            for inner, self, a, k in calls:  # once more outside the profiler: what the replay does, warm
-                inner(self, *a, **k)
+        bare = [[] for _ in calls]  # the replay outside the profiler, warm: each call's time, 20 times
+        for _ in range(21):
+            with region, as_the_loss():
+                for i, (inner, self, a, k) in enumerate(calls):
+                    sync(args.device)
+                    t0 = time.perf_counter()
+                    inner(self, *a, **k)
+                    sync(args.device)
+                    bare[i].append(time.perf_counter() - t0)
         spans = []
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(args.device).type == "cuda"
                                                else [])
@@ -227,8 +234,10 @@ def profile(family: str, args, objects: int) -> None:
                     inner(self, *a, **k)
                 sync(args.device)
                 spans.append(time.perf_counter() - t0)
-    print(f"{family}, {objects} objects per image, batch {args.batch}: {len(calls)} calls, "
-          f"{1e3 * sum(spans):.3f} ms in all: " + ", ".join(f"{1e3 * s:.3f}" for s in spans) + " ms")
+    medians = [statistics.median(times[1:]) for times in bare]
+    print(f"{family}, {objects} objects per image, batch {args.batch}: {len(calls)} calls, without the profiler "
+          f"{1e3 * sum(medians):.3f} ms in all: " + ", ".join(f"{1e3 * s:.3f}" for s in medians) + " ms (medians of 20);"
+          f" under it {1e3 * sum(spans):.3f} ms: " + ", ".join(f"{1e3 * s:.3f}" for s in spans) + " ms")
     events = prof.key_averages()
     names = {name for _, name in REGIONS}
     print("    host, ms (calls): " + ", ".join(f"{e.key} {e.cpu_time_total / 1e3:.3f} ({e.count})" for e in
