@@ -236,8 +236,9 @@ def profile(family: str, args, objects: int) -> None:
                 spans.append(time.perf_counter() - t0)
     medians = [statistics.median(times[1:]) for times in bare]
     print(f"{family}, {objects} objects per image, batch {args.batch}: {len(calls)} calls, without the profiler "
-          f"{1e3 * sum(medians):.3f} ms in all: " + ", ".join(f"{1e3 * s:.3f}" for s in medians) + " ms (medians of 20);"
-          f" under it {1e3 * sum(spans):.3f} ms: " + ", ".join(f"{1e3 * s:.3f}" for s in spans) + " ms")
+          f"{1e3 * sum(medians):.3f} ms in all: " + ", ".join(f"{1e3 * s:.3f}" for s in medians)
+          + f" ms (medians of 20); under it {1e3 * sum(spans):.3f} ms: " + ", ".join(f"{1e3 * s:.3f}" for s in spans)
+          + " ms")
     events = prof.key_averages()
     names = {name for _, name in REGIONS}
     print("    host, ms (calls): " + ", ".join(f"{e.key} {e.cpu_time_total / 1e3:.3f} ({e.count})" for e in

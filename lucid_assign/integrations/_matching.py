@@ -396,11 +396,11 @@ def _plain(v):
 
 class Memo:
     """Every layer's matches of one stack against one batch of objects, each handed out once. It keeps weak
-    references to the stacks and the objects (never the autograd graph alive) and serves a later call only while
-    they are the same tensors, unchanged (their version counters), in the same geometry, with the same layout and
-    the matcher's same settings and autocast region: the one rule of "same call". Its tickets serve the calls whose
-    inputs the loss call in progress named (loss_call) by the same rule, told without looking for their stacks: the
-    same input tensors, in the same geometry, on the same stacks."""
+    references to the stacks (its Solve to the objects; never the autograd graph alive) and serves a later call only
+    while they are the same tensors, unchanged (their version counters), in the same geometry, with the same layout
+    and the matcher's same settings and autocast region: the one rule of "same call". Its tickets serve the calls
+    whose inputs the loss call in progress named (loss_call) by the same rule, told without looking for their stacks:
+    the same input tensors, in the same geometry, on the same stacks."""
 
     def __init__(self, stacks: list, key: tuple, layers: dict, info: tuple, where: Layout, codes: list | None,
                  tickets: dict):
@@ -419,8 +419,8 @@ class Memo:
         return self._hand(layer, check)
 
     def take_ticket(self, inputs: Sequence[torch.Tensor], rest: tuple, check: bool):
-        """The matches of a call (its objects the solve's) whose inputs this memo holds a ticket for, by the rule of take(),
-        else None. ``rest``: _call_key's."""
+        """The matches of a call (its objects the solve's) whose inputs this memo holds a ticket for, by the rule of
+        take(), else None. ``rest``: _call_key's."""
         ticket = self.tickets.get(id(inputs[0]))
         if ticket is None:
             return None
@@ -647,9 +647,9 @@ def by_dtypes(views: list, costs: Callable):
 
 
 def _problems_of(parts: list, costs: Callable, joined: Callable | None):
-    """(problems, declined, the indices of the parts solved) of the parts' layers, part after part: by ``joined`` (every part's
-    views at once -> by_dtypes's result, or None) where given, else by_dtypes with ``costs``; None where this call's
-    own part has no layered cost."""
+    """(problems, declined, the indices of the parts solved) of the parts' layers, part after part: by ``joined``
+    (every part's views at once -> by_dtypes's result, or None) where given, else by_dtypes with ``costs``; None where
+    this call's own part has no layered cost."""
     views = [part[2] for part in parts]
     found = joined(views) if joined is not None else by_dtypes(views, costs)
     if found is None or not found[2][0]:
