@@ -252,6 +252,39 @@ def test_the_loss_calls_named_calls_are_served_by_ticket_by_the_same_rule(monkey
         assert not by_ticket and _same(found, _alone(stack[0], objects, counts))
 
 
+@pytest.mark.parametrize("form", ["stack[l]", "stack[:, l]", "stack[:, l, 1:]", "block l of a flat stack"])
+def test_tickets_serve_each_form_of_stack_its_own_layer(form, monkeypatch):
+    """The layers a loss call names of each form of stack that layer_of knows (an (L, B, Q, .) stack's select, a
+    (B, L, Q, .) stack's, a contiguous block of a flat one): the first call leaves each a ticket (the others' layers
+    told without layer_of), and each later call is served its own layer's matches, those of a call of its own. A
+    view may start past its layer's first element (a slice of the queries)."""
+    g = torch.Generator().manual_seed(6)
+    layers, objects, counts = 3, torch.rand(5, 4, generator=g), [2, 3]
+    if form == "stack[l]":
+        stack = torch.rand(layers, 2, 6, 4, generator=g)
+        views = [stack[k] for k in range(layers)]
+    elif form == "stack[:, l]":
+        stack = torch.rand(2, layers, 6, 4, generator=g)
+        views = [stack[:, k] for k in range(layers)]
+    elif form == "stack[:, l, 1:]":  # each view starts past its layer's first element
+        stack = torch.rand(2, layers, 7, 4, generator=g)
+        views = [stack[:, k, 1:] for k in range(layers)]
+    else:
+        stack = torch.rand(layers * 2 * 6, 4, generator=g)
+        views = [stack[k * 12:(k + 1) * 12].view(2, 6, 4) for k in range(layers)]
+    m = Matcher()
+    keyed, plain_keyed = [], core._keyed
+    monkeypatch.setattr(core, "_keyed", lambda *a, **k: keyed.append(1) or plain_keyed(*a, **k))
+    where = core.layout(counts, 6, 1, "cpu")
+    with core.loss_call(m, [(v,) for v in views]):
+        assert _same(_call(m, views[1], objects, counts), _alone(views[1], objects, counts))
+        assert len(keyed) == 1  # the first call's own: the other layers told without it
+        for k in (2, 0):
+            found = core.served(m, (views[k],), (objects,), where, "reference", True)
+            assert _same(found, _alone(views[k], objects, counts))
+    assert m._costs == 1 and len(keyed) == 1
+
+
 def test_a_stacks_refusals_are_read_once_and_raised_at_their_layers_call(library, monkeypatch):
     """With the check on, the first call on a stack reads the status of every layer in one read (settle); a layer
     whose problem SciPy refuses raises SciPy's error at its own call, the others are served from what was read."""
