@@ -285,6 +285,42 @@ def test_tickets_serve_each_form_of_stack_its_own_layer(form, monkeypatch):
     assert m._costs == 1 and len(keyed) == 1
 
 
+def test_a_loss_call_costs_only_the_layers_its_calls_name(monkeypatch):
+    """A decoder's stack may hold a layer that no call of the loss matches (DETR's auxiliary outputs stop before its
+    last layer): inside a loss call, the first call costs and solves the layers from the first to the last that the
+    calls name, each call is served its own layer, and a call on a layer not named is matched afresh (a new solve, with
+    the named layers), its matches those of a call of its own."""
+    g = torch.Generator().manual_seed(7)
+    stack, objects, counts = torch.rand(5, 2, 6, 4, generator=g), torch.rand(5, 4, generator=g), [2, 3]
+    views = [stack[k] for k in range(5)]
+    alone = [_alone(v, objects, counts) for v in views]
+    m = Matcher()
+    seen, solved = [], core.solve
+    costs = m.costs
+
+    def counted(where, objects_):
+        inner = costs(where, objects_)
+        return lambda stacks: seen.append(stacks[0].shape[0]) or inner(stacks)
+
+    monkeypatch.setattr(m, "costs", counted)
+    monkeypatch.setattr(core, "solve", lambda problems, where, backend, layers=1: seen.append(("solve", layers)) or
+                        solved(problems, where, backend, layers))
+    where = core.layout(counts, 6, 1, "cpu")
+    with core.loss_call(m, [(views[k],) for k in (3, 1, 2)]):
+        assert _same(_call(m, views[3], objects, counts), alone[3])
+        assert seen == [3, ("solve", 3)]  # layers 1 to 3 of 5
+        for k in (1, 2):
+            assert _same(core.served(m, (views[k],), (objects,), where, "reference", True),
+                         alone[k])
+        assert core.served(m, (views[4],), (objects,), where, "reference", True) is None  # not named
+        assert _same(_call(m, views[4], objects, counts), alone[4])
+    assert seen == [3, ("solve", 3), 4, ("solve", 4)]  # its own layer and those named: 1 to 4
+    seen.clear()  # outside a loss call, the first call costs every layer for the calls to come
+    core._MEMOS.pop(m, None)
+    assert _same(_call(m, views[0], objects, counts), alone[0])
+    assert seen == [5, ("solve", 5)]
+
+
 def test_a_stacks_refusals_are_read_once_and_raised_at_their_layers_call(library, monkeypatch):
     """With the check on, the first call on a stack reads the status of every layer in one read (settle); a layer
     whose problem SciPy refuses raises SciPy's error at its own call, the others are served from what was read."""

@@ -151,14 +151,20 @@ def matches(rows: torch.Tensor, cols: torch.Tensor, where: Layout, layers: int =
         queries, objects = torch.ops.lucid.matches(rows, cols, where.pairs,
                                                    where.query_offset if where.groups > 1 else None,
                                                    where.object_offset if batch_objects else None, layers)
-        return list(zip(queries.split_with_sizes(split), objects.split_with_sizes(split)))
+        return _per_image(queries, objects, split)
     queries = rows.reshape(layers, -1).index_select(1, where.pairs)
     if where.groups > 1:
         queries.add_(where.query_offset)
     objects = cols.reshape(layers, -1).index_select(1, where.pairs)
     if batch_objects:
         objects.add_(where.object_offset)
-    return list(zip(queries.view(-1).split_with_sizes(split), objects.view(-1).split_with_sizes(split)))
+    return _per_image(queries.view(-1), objects.view(-1), split)
+
+
+def _per_image(queries: torch.Tensor, objects: torch.Tensor, split: tuple) -> list:
+    """(queries, objects) of each image: pieces of the flat results, which nothing else holds. Pieces that do not
+    overlap need no view tracking (unsafe_split_with_sizes: a third less host time than split_with_sizes)."""
+    return list(zip(queries.unsafe_split_with_sizes(split), objects.unsafe_split_with_sizes(split)))
 
 
 def no_matches(where: Layout, device) -> list:
@@ -357,10 +363,12 @@ def layer_of(t) -> Layer | None:
     return None
 
 
-def stacked(t: torch.Tensor, found: Layer) -> torch.Tensor:
-    """Every layer's view of the stack, as ``t`` is its layer's: (layers, *t.shape)."""
-    return found.stack.as_strided((found.layers, *t.shape), (found.step, *t.stride()),
-                                  t.storage_offset() - found.layer * found.step)
+def stacked(t: torch.Tensor, found: Layer, first: int = 0, layers: int | None = None) -> torch.Tensor:
+    """Every layer's view of the stack, as ``t`` is its layer's: (layers, *t.shape); or ``layers`` of them from layer
+    ``first`` on."""
+    layers = found.layers - first if layers is None else layers
+    return found.stack.as_strided((layers, *t.shape), (found.step, *t.stride()),
+                                  t.storage_offset() + (first - found.layer) * found.step)
 
 
 _UNKEYED = object()  # a value settings_of leaves out
@@ -402,12 +410,12 @@ class Memo:
     whose inputs the loss call in progress named (loss_call) by the same rule, told without looking for their stacks:
     the same input tensors, in the same geometry, on the same stacks."""
 
-    def __init__(self, stacks: list, key: tuple, layers: dict, info: tuple, where: Layout, codes: list | None,
+    def __init__(self, stacks: list, key: tuple, layers: dict, info: tuple, where: Layout, codes: dict | None,
                  tickets: dict):
         self._stacks, self._key = stacks, key  # weak references; the key (_keyed's)
-        self._layers, self._info, self._where = layers, info, where  # info: (the solve's status, this stack's first
-        # layer among the solve's, the solve's layers)
-        self._codes = codes  # info read to the host (each layer's), where it was read at the stack's first call
+        self._layers, self._info, self._where = layers, info, where  # layers: layer -> its matches; info: (the
+        # solve's status, where the stack's layer 0 would sit among the solve's layers, the solve's layers)
+        self._codes = codes  # layer -> info read to the host, where it was read at the stack's first call
         self.tickets = tickets  # id of a call's first input -> (its inputs (weak), their geometry, its layer)
 
     def take(self, stacks: list, key: tuple, layer: int, check: bool):
@@ -435,8 +443,8 @@ class Memo:
     def _hand(self, layer: int, check: bool):
         if check:
             if self._codes is None:
-                info, first, layers = self._info  # the solve's status of every part's layers
-                codes = info.view(layers, -1)[first + layer]
+                info, zero, layers = self._info  # the solve's status of every part's layers
+                codes = info.view(layers, -1)[zero + layer]
             else:
                 codes = self._codes[layer]
             raise_refused(codes, self._where)
@@ -574,14 +582,17 @@ def _loss_inputs(m) -> list:
 
 def _parts(m, inputs, keyed, where: Layout, backend: str) -> tuple:
     """(the stacks solved with this call's: its own, then those of the loss call's other calls (each once) whose
-    layers have its layers' shapes and devices, each as (its key, its inputs, its stacked views); the tickets of the
-    loss call's other calls: (part, layer, inputs))."""
-    parts = [(keyed, inputs, [stacked(t, f) for t, f in zip(inputs, keyed[0])])]
+    layers have its layers' shapes and devices, each as (its key, its inputs, its stacked views, the first layer of
+    the views); the tickets of the loss call's other calls: (part, layer, inputs)). Inside a loss call (loss_call) a
+    stack's views hold the layers from the first to the last that its calls name (a decoder's stack may hold a layer
+    that no call matches); else every layer."""
+    parts = [(keyed, inputs)]
     tickets = []
-    for other in _loss_inputs(m):
+    named = _loss_inputs(m)
+    for other in named:
         if len(other) != len(inputs) or any(a is b for a, b in zip(other, inputs)):
             continue
-        plain = next(((p, layer) for p, (pk, like, _) in enumerate(parts)
+        plain = next(((p, layer) for p, (pk, like) in enumerate(parts)
                       if (layer := _plain_layer(other, pk[0], like)) is not None), None)
         if plain is not None:  # a layer of a part's stacks, told without looking for them
             tickets.append((*plain, other))
@@ -589,15 +600,23 @@ def _parts(m, inputs, keyed, where: Layout, backend: str) -> tuple:
         k = _keyed(m, other, where, backend, alone=True, rest=keyed[2][2])
         if k is None:
             continue
-        taken = next((p for p, (pk, _, _) in enumerate(parts)
+        taken = next((p for p, (pk, _) in enumerate(parts)
                       if all(a is b for a, b in zip(k[1], pk[1])) and k[2] == pk[2]), None)
         if taken is None and all(t.device == o.device and tuple(t.shape) == tuple(o.shape)
                                  for t, o in zip(other, inputs)):
             taken = len(parts)
-            parts.append((k, other, [stacked(t, f) for t, f in zip(other, k[0])]))
+            parts.append((k, other))
         if taken is not None:  # a layer of a stack taken
             tickets.append((taken, k[0][0].layer, other))
-    return parts, tickets
+    spans = [[f[0].layer, f[0].layer] if p == 0 else None for p, ((f, _, _), _) in enumerate(parts)]
+    for p, layer, _ in tickets:
+        span = spans[p]
+        spans[p] = [layer, layer] if span is None else [min(span[0], layer), max(span[1], layer)]
+    found = []
+    for (k, like), span in zip(parts, spans):
+        first, layers = (span[0], span[1] + 1 - span[0]) if named else (0, None)
+        found.append((k, like, [stacked(t, f, first, layers) for t, f in zip(like, k[0])], first))
+    return found, tickets
 
 
 def _plain_layer(tensors: Sequence[torch.Tensor], found: list, like: Sequence[torch.Tensor]) -> int | None:
@@ -682,7 +701,7 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
         if found is None:
             return None
         problems, declined, solved = found
-        counts = [parts[p][0][0][0].layers for p in solved]
+        counts = [parts[p][2][0].shape[0] for p in solved]
         layers = sum(counts)
         rows, cols, info = solve(problems, where, backend, layers)
         per_layer = matches(rows, cols, where, layers, batch_objects)
@@ -692,13 +711,13 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
     images, per = len(where.counts), info.shape[0] // layers
     memos, first = [], 0
     for part, n in zip(solved, counts):
-        _, stacks, key = parts[part][0]
-        results = {k: per_layer[(first + k) * images:(first + k + 1) * images] for k in range(n)}
-        mine = None if codes is None else [codes[(first + k) * per:(first + k + 1) * per] for k in range(n)]
+        (_, stacks, key), lo = parts[part][0], parts[part][3]  # the part's layers lo to lo + n - 1
+        results = {lo + k: per_layer[(first + k) * images:(first + k + 1) * images] for k in range(n)}
+        mine = None if codes is None else {lo + k: codes[(first + k) * per:(first + k + 1) * per] for k in range(n)}
         refs = [weakref.ref(t) for t in stacks]
         held = {id(call[0]): ([weakref.ref(t) for t in call], geometry, layer) for p, layer, call in tickets
                 if p == part and (geometry := _geometry(call, refs)) is not None}
-        memos.append(Memo(refs, key, results, (info, first, layers), where, mine, held))
+        memos.append(Memo(refs, key, results, (info, first - lo, layers), where, mine, held))
         first += n
     _MEMOS[m] = Solve(seen, memos)
     return memos[0].take(keyed[1], keyed[2], keyed[0][0].layer, check)
