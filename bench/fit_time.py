@@ -38,7 +38,7 @@ Recipes (--images, --imgsz, --model, --classes and --epochs override them); 64 s
   dense-obb     yolo26n-obb, 1024 px, 15 classes, 1,024 images of 1,000-2,000 objects, 12 epochs
   coco-hbb      yolo26n, 640 px, 80 classes, 2,048 images, 12 epochs; log-normal with a median of 4, one image of 60
   rtdetr        the peer's rtdetr-l, 640 px, 80 classes, 1,024 images, 10 epochs, objects as coco-hbb
-  rtdetr-dense  the same with objects log-normal around a median of 60, one image of 600
+  rtdetr-dense  the same (10 epochs) with objects log-normal around a median of 60, one image of 600
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ RECIPES = {
     "dense-obb": Recipe("yolo26n-obb.yaml", 1024, 15, True, 1024, 12, ("uniform", 1000, 2000)),
     "coco-hbb": Recipe("yolo26n.yaml", 640, 80, False, 2048, 12, ("lognormal", 4, 1.0, 60)),
     "rtdetr": Recipe("rtdetr-l.yaml", 640, 80, False, 1024, 10, ("lognormal", 4, 1.0, 60)),
-    "rtdetr-dense": Recipe("rtdetr-l.yaml", 640, 80, False, 1024, 8, ("lognormal", 60, 1.0, 600)),
+    "rtdetr-dense": Recipe("rtdetr-l.yaml", 640, 80, False, 1024, 10, ("lognormal", 60, 1.0, 600)),
 }
 STATES = ("losses", "model", "optimizer", "ema", "scheduler")  # compared byte for byte, with results.csv's last row
 
