@@ -310,8 +310,7 @@ def test_a_loss_call_costs_only_the_layers_its_calls_name(monkeypatch):
         assert _same(_call(m, views[3], objects, counts), alone[3])
         assert seen == [3, ("solve", 3)]  # layers 1 to 3 of 5
         for k in (1, 2):
-            assert _same(core.served(m, (views[k],), (objects,), where, "reference", True),
-                         alone[k])
+            assert _same(core.served(m, (views[k],), (objects,), where, "reference", True), alone[k])
         assert core.served(m, (views[4],), (objects,), where, "reference", True) is None  # not named
         assert _same(_call(m, views[4], objects, counts), alone[4])
     assert seen == [3, ("solve", 3), 4, ("solve", 4)]  # its own layer and those named: 1 to 4
