@@ -242,13 +242,14 @@ std::tuple<at::Tensor, at::Tensor> detr_family_parts_cpu(
     at::Tensor terms;
     if (d.C > 0 && d.N > 0) {
       const auto classes = lab.clamp(0, d.C - 1);
-      if (class_kind == 4) {  // as RF-DETR's forward of each layer: its compact cost where the boxes' dtype is the
-        // objects' (kind 3 of the layer alone), else its cost over the cross product (kind 4)
-        const int64_t kind = boxes[p].scalar_type() == objects.scalar_type() ? 3 : 4;
+      // RF-DETR's cost as each layer's forward computes it: where the boxes' dtype is the objects', the compact cost
+      // of each layer alone (kind 3: each element at its place in that forward, so rounded as there); else over the
+      // cross product (kind 4, a layer at a time already)
+      if (class_kind == 4 && boxes[p].scalar_type() == objects.scalar_type()) {
         std::vector<at::Tensor> layers_terms;
         for (int64_t k = 0; k < d.L; ++k) {
           layers_terms.push_back(
-              detr_class_terms_cpu(scores[p].narrow(0, k, 1), classes, n, width, kind, alpha, gamma).squeeze(0));
+              detr_class_terms_cpu(scores[p].narrow(0, k, 1), classes, n, width, 3, alpha, gamma).squeeze(0));
         }
         terms = at::stack(layers_terms);
       } else {
