@@ -608,13 +608,12 @@ def _parts(m, inputs, keyed, where: Layout, backend: str) -> tuple:
             parts.append((k, other))
         if taken is not None:  # a layer of a stack taken
             tickets.append((taken, k[0][0].layer, other))
-    spans = [[f[0].layer, f[0].layer] if p == 0 else None for p, ((f, _, _), _) in enumerate(parts)]
+    wanted = [[keyed[0][0].layer]] + [[] for _ in parts[1:]]  # each part's layers named (a taken part has one)
     for p, layer, _ in tickets:
-        span = spans[p]
-        spans[p] = [layer, layer] if span is None else [min(span[0], layer), max(span[1], layer)]
+        wanted[p].append(layer)
     found = []
-    for (k, like), span in zip(parts, spans):
-        first, layers = (span[0], span[1] + 1 - span[0]) if named else (0, None)
+    for (k, like), mine in zip(parts, wanted):
+        first, layers = (min(mine), max(mine) + 1 - min(mine)) if named else (0, None)
         found.append((k, like, [stacked(t, f, first, layers) for t, f in zip(like, k[0])], first))
     return found, tickets
 
