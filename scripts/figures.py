@@ -148,8 +148,11 @@ def _process(summary: dict) -> dict:
 
 def _fit_header(fits: list) -> str:
     """What the fit rows are: commands, machine, date, what bounds them."""
-    envs = sorted({f"{r['environment']['gpu']}, torch {r['environment']['torch']}, {r['environment']['date']}"
-                   for r in fits})
+    dates: dict = {}  # machine -> the dates of its records
+    for r in fits:
+        dates.setdefault(f"{r['environment']['gpu']}, torch {r['environment']['torch']}", set()).add(
+            r["environment"]["date"])
+    envs = sorted(f"{machine}, {', '.join(sorted(days))}" for machine, days in dates.items())
     commands = ", ".join(f"`{_fit_command(r)}`" for r in fits)
     waits = [r["summary"][v]["loader_wait_share"]["max"] for r in fits for v in ("plain", "patched")]
     full = all("process_s" in r["summary"]["plain"] for r in fits)
