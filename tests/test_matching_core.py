@@ -252,6 +252,45 @@ def test_the_loss_calls_named_calls_are_served_by_ticket_by_the_same_rule(monkey
         assert not by_ticket and _same(found, _alone(stack[0], objects, counts))
 
 
+def test_a_named_call_is_served_again_without_its_layout_by_the_same_rule():
+    """served_again: a later call the loss named, served by its ticket where the solve holds its objects unchanged and
+    of the same shapes (which give its layout), with the same tag, groups, backend, settings and autocast region;
+    after any change that rule sees, None (its caller then goes the way of served())."""
+    g = torch.Generator().manual_seed(8)
+    stack, objects, counts = torch.rand(3, 2, 6, 4, generator=g), torch.rand(5, 4, generator=g), [2, 3]
+    views = [stack[k] for k in range(3)]
+    m = Matcher()
+
+    def later(change=lambda: None, objects_=None, tag="keys", groups=1, backend="reference", region=False):
+        """A new first call (on layer 2, tagged "keys"), ``change()``, then the call on layer 1."""
+        core._MEMOS.pop(m, None)
+        where = core.layout(counts, 6, 1, "cpu")
+        core.layered(m, (views[2],), (objects,), where, m.costs(where, objects), "reference", True, tag="keys")
+        change()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=region):
+            return core.served_again(m, (views[1],), (objects if objects_ is None else objects_,), tag, groups,
+                                     backend, True)
+
+    with core.loss_call(m, [(v,) for v in views]):
+        assert _same(later(), _alone(stack[1], objects, counts))
+        assert core.served_again(m, (views[1],), (objects,), "keys", 1, "reference", True) is None  # once
+        assert _same(core.served_again(m, (views[0],), (objects,), "keys", 1, "reference", True),
+                     _alone(stack[0], objects, counts))
+        assert m._costs == 1
+        assert later(change=lambda: stack[1].mul_(0.5)) is None  # in place: the version moves on
+        assert later(change=lambda: objects.add_(0.0)) is None  # the objects in place
+        assert later(objects_=objects.clone()) is None  # other objects
+        assert later(tag="other keys") is None
+        assert later(groups=2) is None
+        assert later(backend="kernel") is None
+        assert later(change=lambda: setattr(m, "gain", 3.0)) is None  # another setting
+        m.gain = 2.0
+        assert later(region=True) is None  # another autocast region
+        assert _same(later(), _alone(stack[1], objects, counts))
+        # the same tensor given another shape (its version does not move on): not served
+        assert later(change=lambda: setattr(objects, "data", torch.rand(6, 4, generator=g))) is None
+
+
 @pytest.mark.parametrize("form", ["stack[l]", "stack[:, l]", "stack[:, l, 1:]", "block l of a flat stack"])
 def test_tickets_serve_each_form_of_stack_its_own_layer(form, monkeypatch):
     """The layers a loss call names of each form of stack that layer_of knows (an (L, B, Q, .) stack's select, a

@@ -292,20 +292,22 @@ def test_the_layers_of_a_loss_call_are_matched_in_one_solve(library, family, reg
     """Every matcher call of one loss call shares one call of the op (after the class's first call, which is checked
     on its own): the decoder's layers, the last layer where it is not a view of their stack and the encoder's outputs
     (RT-DETR's proposals, LW-DETR's); each call's matches the matcher's own (LW-DETR: in query groups); a call served
-    from the loss call's solve reads nothing else of its call (not its kind). Under bf16 autocast RT-DETR's and
-    LW-DETR's encoder boxes are bf16 and the decoder's float32: costed apart, solved together."""
-    solves, kinds = _count_solves(monkeypatch), []
-    usable = lt._blocks_usable
+    from the loss call's solve reads nothing else of its call (not its kind, nor its layout: the same targets give it).
+    Under bf16 autocast RT-DETR's and LW-DETR's encoder boxes are bf16 and the decoder's float32: costed apart, solved
+    together."""
+    solves, kinds, layouts = _count_solves(monkeypatch), [], []
+    usable, layout = lt._blocks_usable, core.layout
     monkeypatch.setattr(lt, "_blocks_usable", lambda *a: kinds.append(1) or usable(*a))
+    monkeypatch.setattr(core, "layout", lambda *a: layouts.append(1) or layout(*a))
     spec = FAMILIES[family]
     torch.manual_seed(0)
     # DETR and LW-DETR match their last layer apart from the others (not a view of their stack): three layers, so
     # that two calls are of a stack
     model = {"DETR": lambda: _detr_like(tf.DetrConfig, tf.DetrForObjectDetection, 3, d_model=16),
              "LW-DETR": lambda: _lw_detr(3)}.get(family, spec.make)()
-    calls = _a_later_loss_call(model, spec, region, solves, kinds)
+    calls = _a_later_loss_call(model, spec, region, solves, kinds, layouts)
     assert all(calls) and len(solves) == 1 and solves[0] >= len(calls), (solves, calls)
-    assert len(kinds) == len(solves), (kinds, solves)
+    assert len(kinds) == len(solves) == len(layouts), (kinds, solves, layouts)
 
 
 def test_a_part_the_op_does_not_cost_is_costed_by_its_dtype_and_joined(library, monkeypatch):

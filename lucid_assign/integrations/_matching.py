@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 import threading
 import weakref
 from typing import Callable, NamedTuple, Sequence
@@ -418,6 +419,11 @@ class Memo:
         self._codes = codes  # layer -> info read to the host, where it was read at the stack's first call
         self.tickets = tickets  # id of a call's first input -> (its inputs (weak), their geometry, its layer)
 
+    @property
+    def key_rest(self) -> tuple:
+        """What its calls share in the key besides the stacks (_call_key's)."""
+        return self._key[2]
+
     def take(self, stacks: list, key: tuple, layer: int, check: bool):
         """This call's matches (its objects the solve's: _memos_of) where its stacks and key are the memo's, else
         None."""
@@ -463,11 +469,28 @@ def _geometry(inputs: Sequence[torch.Tensor], stacks: list) -> tuple | None:
     return tuple(found)
 
 
-class Solve(NamedTuple):
-    """A matcher's last solve: its objects (weak references and versions: _seen) and its Memos (a stack's each)."""
+_VERSION = operator.attrgetter("_version")
+_SHAPE = operator.attrgetter("shape")
+_DEREF = weakref.ref.__call__
 
-    objects: list
+
+class Solve(NamedTuple):
+    """A matcher's last solve: its objects (weak references, versions and shapes: _seen), what the trainer's
+    integration tells its calls' objects by besides (``tag``: the targets' keys, say) and its Memos (a stack's
+    each)."""
+
+    refs: tuple
+    versions: list
+    shapes: list
+    tag: object
     memos: list
+
+    def holds(self, objects: Sequence[torch.Tensor], shapes: bool = False) -> bool:
+        """Whether ``objects`` are the solve's, unchanged (the same tensors, the same versions; with ``shapes``, the
+        same shapes too): one pass of each test in C (an earlier batch's solve fails at its first object)."""
+        return (len(objects) == len(self.refs) and all(map(operator.is_, map(_DEREF, self.refs), objects))
+                and list(map(_VERSION, objects)) == self.versions
+                and (not shapes or list(map(_SHAPE, objects)) == self.shapes))
 
 
 _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # matcher -> its last Solve, kept outside the matcher
@@ -475,30 +498,30 @@ _MEMOS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # matcher -> it
 
 
 def _memos_of(m, objects: Sequence[torch.Tensor]) -> list:
-    """The memos of the matcher's last solve where ``objects`` are its objects, unchanged (the first test of the rule:
-    the solve of an earlier batch fails at its first object), else []."""
+    """The memos of the matcher's last solve where ``objects`` are its objects, unchanged (the first test of the rule),
+    else []."""
     solve_ = _MEMOS.get(m)
-    if solve_ is None:
-        return []
-    mine = solve_.objects
-    same = len(objects) == len(mine) and all(r() is t and t._version == v for (r, v), t in zip(mine, objects))
-    return solve_.memos if same else []
+    return solve_.memos if solve_ is not None and solve_.holds(objects) else []
 
 
-def _seen(objects: Sequence[torch.Tensor]) -> list | None:
-    """The objects as a solve holds them: (a weak reference, its version) each; None where an object tracks no
-    version (an inference tensor: the call cannot be keyed)."""
+def _seen(objects: Sequence[torch.Tensor]) -> tuple | None:
+    """The objects as a solve holds them: (weak references, versions, shapes); None where an object tracks no version
+    (an inference tensor: the call cannot be keyed)."""
     try:
-        return [(weakref.ref(t), t._version) for t in objects]
+        return tuple(map(weakref.ref, objects)), list(map(_VERSION, objects)), list(map(_SHAPE, objects))
     except RuntimeError:
         return None
+
+
+def _region(device: str) -> tuple:
+    """The autocast region of a device type, as keys hold it."""
+    return (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
 
 
 def _call_key(m, where: Layout, backend: str, device: str) -> tuple:
     """What every input of a call shares in its key besides its objects: the layout, the matcher's settings, the
     backend and the autocast region of the inputs' device."""
-    region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
-    return where.counts, where.queries, where.groups, settings_of(m), backend, region
+    return where.counts, where.queries, where.groups, settings_of(m), backend, _region(device)
 
 
 def _keyed(m, inputs: Sequence[torch.Tensor], where: Layout, backend: str, alone: bool = False,
@@ -548,6 +571,26 @@ def served(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], w
             return found
     keyed = _keyed(m, inputs, where, backend, alone=bool(_loss_inputs(m)), rest=rest)
     return None if keyed is None else _take(memos, keyed, check)
+
+
+def served_again(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], tag, groups: int, backend: str,
+                 check: bool):
+    """The matches of a call that the loss call in progress named (its ticket, see served) where the matcher's last
+    solve holds its objects unchanged, of the same shapes, with the same ``tag``, else None: served() told without
+    the call's Layout, which the same objects give (its objects' counts), the inputs' shapes (its queries) and
+    ``groups``."""
+    solve_ = _MEMOS.get(m)
+    if solve_ is None or solve_.tag != tag or not solve_.holds(objects, shapes=True):
+        return None
+    first = id(inputs[0])
+    for memo in solve_.memos:
+        if first in memo.tickets:
+            rest = memo.key_rest
+            if (rest[2] != groups or rest[4] != backend or rest[5] != _region(inputs[0].device.type)
+                    or rest[3] != settings_of(m)):
+                return None
+            return memo.take_ticket(inputs, rest, check)
+    return None
 
 
 # --- every matcher call of one loss call at once --------------------------------------------------------------------
@@ -677,7 +720,7 @@ def _problems_of(parts: list, costs: Callable, joined: Callable | None):
 
 
 def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, costs: Callable,
-            backend: str, check: bool, batch_objects: bool = False, joined: Callable | None = None):
+            backend: str, check: bool, batch_objects: bool = False, joined: Callable | None = None, tag=None):
     """This call's matches when each of ``inputs`` is one layer of a stack of a decoder's layers, the same layer of
     stacks of the same layers, or an output of a loss call in progress (loss_call); else None (a call of its own). At
     the stack's first call (for matcher ``m``), every layer's problems, with those of the loss call's other stacks,
@@ -718,5 +761,5 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
                 if p == part and (geometry := _geometry(call, refs)) is not None}
         memos.append(Memo(refs, key, results, (info, first - lo, layers), where, mine, held))
         first += n
-    _MEMOS[m] = Solve(seen, memos)
+    _MEMOS[m] = Solve(*seen, tag, memos)
     return memos[0].take(keyed[1], keyed[2], keyed[0][0].layer, check)

@@ -27,6 +27,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import itertools
 import threading
 import weakref
 from typing import NamedTuple
@@ -350,10 +351,9 @@ def _kind(m, outputs: dict, targets: list) -> tuple:
     the dtypes, the autocast region and the matcher's settings."""
     logits, boxes = outputs["logits"], outputs["pred_boxes"]
     device = logits.device.type
-    region = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) if device in ("cpu", "cuda") else ()
-    dtypes = tuple(sorted({(k, v.dtype, v.device) for t in targets for k, v in t.items()
-                           if isinstance(v, torch.Tensor)}, key=str))
-    return type(m), device, logits.dtype, boxes.dtype, boxes.device.type, dtypes, region, core.settings_of(m)
+    dtypes = frozenset((k, v.dtype, v.device) for t in targets for k, v in t.items() if isinstance(v, torch.Tensor))
+    region, settings = core._region(device), core.settings_of(m)
+    return type(m), device, logits.dtype, boxes.dtype, boxes.device.type, dtypes, region, settings
 
 
 def _same_problems(ours: torch.Tensor, theirs: torch.Tensor, where: core.Layout) -> bool:
@@ -391,6 +391,10 @@ def _patched_forward(cls, own, spec: Matcher):
             return own(self, outputs, targets, *args, **kwargs)
         checking = cls not in _verified
         groups = int(args[0] if args else kwargs.get("group_detr", 1)) if spec.grouped else 1
+        if not checking and len(args) + len(kwargs) == spec.grouped and spec.layered:
+            found = _served_again(self, outputs, targets, groups, backend, check)  # a call the loss named, matched
+            if found is not None:
+                return found
         logits = outputs["logits"]
         where = core.layout([core.count(t[spec.sizes_key]) for t in targets], logits.shape[1], groups, logits.device)
         if not checking and len(args) + len(kwargs) == spec.grouped and spec.layered:
@@ -443,9 +447,40 @@ def _patched_forward(cls, own, spec: Matcher):
     return forward
 
 
+def _tensors_only(targets: list) -> list | None:
+    """The targets' values, image after image, where the targets are dicts of tensors only (one pass in C), else
+    None."""
+    try:
+        values = list(itertools.chain.from_iterable(map(dict.values, targets)))
+    except TypeError:  # a target that is not a dict
+        return None
+    return values if set(map(type, values)) <= {torch.Tensor} else None
+
+
 def _stack_objects(targets: list) -> list:
     """The targets' tensors, on which a stack's matches depend besides its outputs (core.layered's ``objects``)."""
-    return [v for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
+    values = _tensors_only(targets)
+    return values if values is not None else [v for t in targets for v in t.values() if isinstance(v, torch.Tensor)]
+
+
+def _keys(targets: list) -> list | None:
+    """The targets' keys, image after image (core.layered's ``tag``: the same tensors under other keys are other
+    targets), or None where a target is not a dict."""
+    try:
+        return list(itertools.chain.from_iterable(map(dict.keys, targets)))
+    except TypeError:
+        return None
+
+
+def _served_again(m, outputs, targets: list, groups: int, backend: str, check: bool):
+    """This call's matches where the loss call in progress named it and its first call matched it with the same
+    targets, unchanged (core.served_again: told without the call's layout, which the targets' tensors give where they
+    hold nothing else), else None."""
+    logits, boxes = outputs.get("logits"), outputs.get("pred_boxes")
+    values = _tensors_only(targets)
+    if type(logits) is not torch.Tensor or type(boxes) is not torch.Tensor or values is None:
+        return None
+    return core.served_again(m, (logits, boxes), values, _keys(targets), groups, backend, check)
 
 
 def _served(m, outputs, targets: list, where: core.Layout, backend: str, check: bool):
@@ -483,7 +518,7 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
 
     if layered:
         found = core.layered(m, (logits, boxes), _stack_objects(targets), where, costs, backend, check,
-                             joined=joined)
+                             joined=joined, tag=_keys(targets))
         if found is not None:
             return found
     with torch.no_grad():
@@ -542,7 +577,7 @@ def _from_layers(m, own, outputs, targets: list, where: core.Layout, backend: st
                 return None
         return None if problems[0] is None else torch.cat(problems)
 
-    return core.layered(m, (logits, boxes), objects, where, costs, backend, check)
+    return core.layered(m, (logits, boxes), objects, where, costs, backend, check, tag=_keys(targets))
 
 
 def _loss_calls(outputs) -> list:
