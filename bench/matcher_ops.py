@@ -162,7 +162,7 @@ def count(family: str, patched: bool, args, objects: int) -> dict:
 # the parts of the patched path timed by --profile: module, attribute
 REGIONS = [(lt, "_blocks_usable"), (core, "layout"), (lt, "_objects_of"), (lt, "_dtype_plan"), (lt, "_op_problems"),
            (core, "layer_of"), (core, "_keyed"), (core, "solve"), (core, "matches"), (core, "settle"),
-           (core.Memo, "take"), (core, "raise_refused")]
+           (core.Memo, "take"), (core, "served_again"), (core, "raise_refused")]
 
 
 @contextlib.contextmanager

@@ -17,6 +17,11 @@ variants are built from one seed and their steps alternate. It reports the media
 instrumented steps, the matcher's time: every call timed between two device synchronisations (its host work and its
 GPU work, overlapped with nothing: an upper bound of its cost in the step), and its share of the step; and the median
 time of each of the patched matcher's calls (the loss call's first, which solves every layer, then the others).
+
+``--profile``: one more patched step, under torch.profiler, whose matcher calls are timed as above: for the first call
+and for the others together, the host time of each part of the patched path (bench/matcher_ops.py's regions), the time
+of the kernels they launched and of the garbage collections inside them; where a call's time goes in a step, not in
+calls made again on their own (bench/matcher_ops.py --profile).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import json
 import os
 import statistics
@@ -101,6 +107,66 @@ def timed_matcher(name: str, device, spans: list):
     return around_matcher(name, around)
 
 
+def _descendants(event):
+    stack = list(event.cpu_children)
+    while stack:
+        e = stack.pop()
+        yield e
+        stack.extend(e.cpu_children)
+
+
+def profiled_step(family: str, model, opt, batch, device) -> list:
+    """One patched step under torch.profiler, each matcher call timed between two synchronisations: where the first
+    call's time goes and the others' (lines to print)."""
+    from torch.profiler import ProfilerActivity
+
+    from matcher_ops import REGIONS, _regions
+
+    spans, collections, inside = [], [], [False]
+
+    def collected(phase, info):  # the garbage collector's passes inside a matcher call
+        if inside[0]:
+            collections.append((phase, time.perf_counter()))
+
+    def around(inner, self, *args, **kwargs):
+        sync(device)
+        inside[0], t0 = True, time.perf_counter()
+        with torch.profiler.record_function(f"matcher call {len(spans)}"):
+            out = inner(self, *args, **kwargs)
+        sync(device)
+        inside[0] = False
+        spans.append(time.perf_counter() - t0)
+        return out
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    gc.callbacks.append(collected)
+    try:
+        with _regions(), around_matcher(FAMILIES[family], around), torch.profiler.profile(activities=activities) as p:
+            step(model, opt, *batch, device)
+            sync(device)
+    finally:
+        gc.callbacks.remove(collected)
+    names, lines = {name for _, name in REGIONS}, []
+    calls = sorted((e for e in p.events() if e.name.startswith("matcher call") and e.device_type.name == "CPU"),
+                   key=lambda e: int(e.name.split()[-1]))
+    for label, group in (("the first call", calls[:1]), ("the others", calls[1:])):
+        if not group:
+            continue
+        regions: dict = {}
+        for e in (d for c in group for d in _descendants(c) if d.name in names):
+            regions[e.name] = regions.get(e.name, 0.0) + e.cpu_time_total / 1e3
+        kernels = sum(c.device_time_total if hasattr(c, "device_time_total") else c.cuda_time_total
+                      for c in group) / 1e3
+        host = sum(c.cpu_time_total for c in group) / 1e3
+        lines.append(f"{'':>30} profiled, {label}: {host:.3f} ms on the host (" + ", ".join(
+            f"{k} {v:.3f}" for k, v in sorted(regions.items(), key=lambda kv: -kv[1])) + f"), kernels {kernels:.3f} ms")
+    starts = [t for phase, t in collections if phase == "start"]
+    stops = [t for phase, t in collections if phase == "stop"]
+    lines.append(f"{'':>30} profiled: the calls {' '.join(f'{t * 1e3:.3f}' for t in spans)} ms; the garbage "
+                 f"collector {len(starts)} times inside them, {sum(b - a for a, b in zip(starts, stops)) * 1e3:.3f} ms")
+    return lines
+
+
 def batch_of(family: str, batch: int | None) -> int:
     """The batch of a family's steps: ``--batch``, else 16 (LW-DETR 4: its own loss outgrows 80 GB at 16)."""
     return batch if batch is not None else 4 if family == "lw-detr" else 16
@@ -134,6 +200,9 @@ def measure(args, family: str, objects: int) -> list:
                  matcher_s=statistics.median(sum(spans) for spans in per_step), calls=calls,
                  call_s=[statistics.median(spans[c] for spans in per_step) for c in range(calls)]
                  if all(len(spans) == calls for spans in per_step) else [])
+        if args.profile and r["patched"]:
+            with contexts[True]():
+                r["profile"] = profiled_step(family, r["model"], r["opt"], batches[0], device)
         del r["model"], r["opt"]
     return runs
 
@@ -150,6 +219,8 @@ def main(argv=None):
     p.add_argument("--cost-op", choices=("on", "off", "default"), default="default",
                    help="the patched matchers' cost by torch.ops.lucid.detr_cost.family on this device, or not "
                         "(default: transformers.FAMILY_COST_DEVICES)")
+    p.add_argument("--profile", action="store_true", help="one more patched step under torch.profiler: where the "
+                   "matcher calls' time goes in a step")
     p.add_argument("--out", help="write the record (JSON) here")
     args = p.parse_args(argv)
     if args.cost_op != "default":
@@ -172,6 +243,8 @@ def main(argv=None):
                       f"{r['step_s'] * 1e3:9.1f} {r['matcher_s'] * 1e3:13.2f} ({r['calls']}) "
                       f"{100 * r['matcher_s'] / r['step_s']:6.2f}%")
             print(f"{'':>30} the patched calls: " + " ".join(f"{t * 1e3:.3f}" for t in runs[1]["call_s"]) + " ms")
+            for line in runs[1].get("profile", ()):
+                print(line)
             results.append(paired_case(*runs, 30, family=family, batch=batch, imgsz=args.imgsz, objects=objects))
     if args.out:
         env = dict(torch=torch.__version__, cuda=torch.version.cuda, transformers=transformers.__version__,

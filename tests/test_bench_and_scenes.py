@@ -382,14 +382,20 @@ def test_the_matcher_ops_bench_counts_rfdetrs_batched_path(library, precision):
 
 def test_the_transformers_step_bench_writes_the_record_the_readme_rows_come_from(library, tmp_path):
     """bench/train_step_transformers.py --out, tiny: a record per family and object count, own and patched; the
-    README's row of it (scripts/figures.py) carries its figures."""
+    README's row of it (scripts/figures.py) carries its figures. With --profile, a patched step's calls profiled (the
+    first call's parts, the others')."""
     pytest.importorskip("transformers")
     path, _ = _bench_script("train_step_transformers")
     out = tmp_path / "bench-step-transformers.json"
     run = subprocess.run([sys.executable, path, "--device", "cpu", "--family", "detr", "--imgsz", "64", "--batch", "1",
-                          "--objects", "2", "--steps", "1", "--warmup", "1", "--out", str(out)],
+                          "--objects", "2", "--steps", "1", "--warmup", "1", "--profile", "--out", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
+    first = next(line for line in run.stdout.splitlines() if "profiled, the first call:" in line)
+    assert "_op_problems" in first and "solve" in first and "served_again" in next(
+        line for line in run.stdout.splitlines() if "profiled, the others:" in line)
+    assert len(next(line for line in run.stdout.splitlines() if "profiled: the calls" in line).split("ms;")[0]
+               .split("the calls")[1].split()) == 6
     rec = json.loads(out.read_text())
     (r,) = rec["results"]
     assert (r["family"], r["batch"], r["objects"], r["own"]["calls"], r["patched"]["calls"]) == ("detr", 1, 2, 6, 6)
