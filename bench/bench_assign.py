@@ -22,7 +22,8 @@ import torch
 from lucid_assign import bench as B
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-CASES = [(kind, batch, objects) for kind in ("hbb", "obb") for batch in (1, 16) for objects in (10, 50, 200, 1000, 2000)]
+CASES = [(kind, batch, objects) for kind in ("hbb", "obb") for batch in (1, 16)
+         for objects in (10, 50, 200, 1000, 2000)]
 POSE_CASES = [("pose", batch, objects) for batch in (1, 16) for objects in (20, 100)]
 SEG_CASES = [("seg", batch, objects) for batch in (1, 16) for objects in (20, 100)]
 PASSES = ("points_in_boxes", "pair_overlaps", "box_metrics", "resolve_conflicts")
@@ -54,7 +55,8 @@ def _run(benchmark, fns, device, group):
 def test_assign(benchmark, kind, batch, objects, device, what, backend):
     copies = B.scene(kind, batch, objects, device, copies=3)
     anchors = copies[0]["anc_points"].shape[0]
-    why = B.kernel_unavailable(device) if backend == "kernel" else B.dense_skip(backend, device, batch, objects, anchors)
+    why = (B.kernel_unavailable(device) if backend == "kernel"
+           else B.dense_skip(backend, device, batch, objects, anchors))
     runner = B.assign_runner(backend, kind)
     if why is None and isinstance(runner, str):
         why = runner

@@ -81,7 +81,8 @@ def main(argv=None):
     ref = rows[0]
     print(f"{'OBB' if not args.hbb else 'HBB'}, batch {args.batch} at {args.img_size} px, {args.classes} classes, "
           f"{args.objects} objects/image, topk {args.topk}, CPU threads {ref['threads']}")
-    print(f"{'backend':<10} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'peak MiB':>9} {'speed-up':>9} {'memory':>8}")
+    print(f"{'backend':<10} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'peak MiB':>9} {'speed-up':>9} "
+          f"{'memory':>8}")
     for r in rows:
         print(f"{r['backend']:<10} {r['median_s'] * 1e3:>10.1f} {r['min_s'] * 1e3:>9.1f} {r['max_s'] * 1e3:>9.1f} "
               f"{r['peak_bytes'] / 2**20:>9.1f} {ref['median_s'] / r['median_s']:>8.1f}x "

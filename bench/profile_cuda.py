@@ -7,13 +7,14 @@ time, no launch gaps), and the per-kernel GPU time from torch.profiler.
 """
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from lucid_assign import api, ops, reference  # noqa: E402
 from lucid_assign import bench as B  # noqa: E402
 

@@ -278,11 +278,11 @@ inline LsapDims check_linear_sum_assignment_args(const at::Tensor& cost, const s
   return {B, R, C, std::min(R, C), batched};
 }
 
-// torch.ops.lucid.detr_cost: pred_bboxes (B, Q, 4) and pred_scores (B, Q, C) float, gt_bboxes (N, 4) float and
-// gt_cls (N,) integers (the batch's objects, image after image), sizes (B,) integers on the same device (the objects
-// of each image), width >= 0 (the output's columns), three gains, gamma >= 0 and l1_order 0 or 1 (detr_cost.h's L1Order).
-// Sizes on the CPU are checked here; on the GPU a column without a valid object (its index past N, or its class
-// outside [0, C)) gets a NaN cost instead, which the solver refuses.
+// torch.ops.lucid.detr_cost: pred_bboxes (B, Q, 4) and pred_scores (B, Q, C) float, gt_bboxes (N, 4) float and gt_cls
+// (N,) integers (the batch's objects, image after image), sizes (B,) integers on the same device (the objects of each
+// image), width >= 0 (the output's columns), three gains, gamma >= 0 and l1_order 0 or 1 (detr_cost.h's L1Order). Sizes
+// on the CPU are checked here; on the GPU a column without a valid object (its index past N, or its class outside
+// [0, C)) gets a NaN cost instead, which the solver refuses.
 struct DetrCostDims {
   int64_t B, Q, C, N, W;
 };

@@ -102,11 +102,11 @@ TORCH_LIBRARY(lucid, m) {
   // (N,) the batch's objects' classes image after image, sizes (B,) their counts (class 0 past them, 0 for kind 4).
   // Passed to detr_cost.family as class_cost.
   // Several stacks (parts) of one loss call at once, each (L_p, B, Q, .) (or (B, Q, .) for one layer) of its own dtypes
-  // and strides (scores the logits), against the same objects: (cost, invalid) as detr_cost.family's for the parts' layers, part after part.
-  // Each part's class term is its family's (class_kind 0 softmax, 1 focal, 2 focal of the object's probability, 3
-  // RF-DETR's, whose boxes are its own too, 4 RF-DETR's as each layer's forward computes it: a part whose boxes are
-  // of the objects' dtype as kind 3 a layer at a time, any other over the cross product; on the CPU by class_terms'
-  // operations on the part's layers); dtypes: 9 codes per part, in detr_cost.family's order.
+  // and strides (scores the logits), against the same objects: (cost, invalid) as detr_cost.family's for the parts'
+  // layers, part after part. Each part's class term is its family's (class_kind 0 softmax, 1 focal, 2 focal of the
+  // object's probability, 3 RF-DETR's, whose boxes are its own too, 4 RF-DETR's as each layer's forward computes it: a
+  // part whose boxes are of the objects' dtype as kind 3 a layer at a time, any other over the cross product; on the
+  // CPU by class_terms' operations on the part's layers); dtypes: 9 codes per part, in detr_cost.family's order.
   m.def(
       "detr_cost.parts(Tensor[] scores, Tensor[] boxes, Tensor labels, Tensor objects, Tensor sizes, int width, "
       "int groups, float[] gains, int class_kind, float alpha, float gamma, int l1_order, int[] dtypes, "
@@ -143,8 +143,9 @@ std::tuple<at::Tensor, at::Tensor> matches(const at::Tensor& rows, const at::Ten
                                            const c10::optional<at::Tensor>& object_offset, int64_t layers) {
   TORCH_CHECK_VALUE(rows.sizes() == cols.sizes(), "rows and cols must have one shape, got ", rows.sizes(), " and ",
                     cols.sizes());
-  TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong && cols.scalar_type() == at::kLong && pairs.scalar_type() == at::kLong,
-                   "rows, cols and pairs must be int64");
+  TORCH_CHECK_TYPE(
+      rows.scalar_type() == at::kLong && cols.scalar_type() == at::kLong && pairs.scalar_type() == at::kLong,
+      "rows, cols and pairs must be int64");
   TORCH_CHECK_VALUE(layers >= 1 && rows.numel() % layers == 0, "layers must be >= 1 and divide rows' ", rows.numel(),
                     " entries, got ", layers);
   TORCH_CHECK_VALUE(pairs.dim() == 1, "pairs must be 1-D, got ", pairs.sizes());

@@ -1,12 +1,12 @@
-"""Calls of the compiled assign alone (no reference, so no torch.topk), for compute-sanitizer: PyTorch's own
-torch.topk, which the reference calls, reads memory it never wrote (initcheck reports it), and the reference's
-kernels make racecheck slow. Covers HBB and OBB, fp32 and bf16 scores, K2 != K, rows of every size (a warp, a block,
-the big-row kernel, the recompute walk at 1280 px, the sorted medium rows at 1920 px, non-finite boxes, rows about the warp's cap of 64), bf16 anchors,
-rows owning more than 32 anchors in the second top-k, 5,000 objects per image, dense scenes (thousands of small
-objects, conflicts among thousands of rows, all-zero and NaN overlaps) and every odd input of docs/odd-inputs.md;
-the pose assignment (assign_pose): the trainer's dtypes, every keypoint count's tree width, the gate's edges,
-rows the gate would starve, 300 people per image and its odd inputs; and the segmentation assignment (assign_seg): the
-trainer's dtypes, several decode chunks, 300 objects per image and its odd inputs.
+"""Calls of the compiled assign alone (no reference, so no torch.topk), for compute-sanitizer: PyTorch's own torch.topk,
+which the reference calls, reads memory it never wrote (initcheck reports it), and the reference's kernels make
+racecheck slow. Covers HBB and OBB, fp32 and bf16 scores, K2 != K, rows of every size (a warp, a block, the big-row
+kernel, the recompute walk at 1280 px, the sorted medium rows at 1920 px, non-finite boxes, rows about the warp's cap
+of 64), bf16 anchors, rows owning more than 32 anchors in the second top-k, 5,000 objects per image, dense scenes
+(thousands of small objects, conflicts among thousands of rows, all-zero and NaN overlaps) and every odd input of
+docs/odd-inputs.md; the pose assignment (assign_pose): the trainer's dtypes, every keypoint count's tree width, the
+gate's edges, rows the gate would starve, 300 people per image and its odd inputs; and the segmentation assignment
+(assign_seg): the trainer's dtypes, several decode chunks, 300 objects per image and its odd inputs.
 
     compute-sanitizer --tool initcheck --error-exitcode 9 python3 scripts/sanitize_assign.py
     compute-sanitizer --tool racecheck --error-exitcode 9 python3 scripts/sanitize_assign.py

@@ -206,7 +206,8 @@ def _opcheck_samples(device):
     samples = []
     for obb in (False, True):
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            scores, pd, anc, labels, gt, mask = to(device, make_problem(9, obb, n_boxes=8, pad_rows=2, score_dtype=dtype))
+            problem = make_problem(9, obb, n_boxes=8, pad_rows=2, score_dtype=dtype)
+            scores, pd, anc, labels, gt, mask = to(device, problem)
             samples.append((scores, pd, anc, labels, gt, mask, 10, 4, 7, 1.0, 6.0, 1e-9, 16.0))
         samples.append((scores, pd, anc, labels[:, :0], gt[:, :0], mask[:, :0], 10, 10, 7, 0.5, 6.0, 1e-9, 16.0))
     return samples

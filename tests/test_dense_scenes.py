@@ -76,7 +76,8 @@ def crowd(n_rows, img=320, obb=False, seed=0, far=False, nan_preds=0.0, classes=
     rand = lambda *s: torch.rand(*s, generator=g)  # noqa: E731
     anc = anchor_points(img)
     A = anc.shape[0]
-    spots = torch.tensor([[20.0, 8.0], [40.0, 6.0], [60.0, 10.0], [30.0, 12.0]]) if far else rand(4, 2) * img * 0.6 + img * 0.2
+    spots = (torch.tensor([[20.0, 8.0], [40.0, 6.0], [60.0, 10.0], [30.0, 12.0]]) if far
+             else rand(4, 2) * img * 0.6 + img * 0.2)
     ctr = spots[torch.randint(0, 4, (n_rows,), generator=g)] + (rand(n_rows, 2) - 0.5) * 30
     wh = 8 + rand(n_rows, 2) * 40
     dup = rand(n_rows) < 0.2  # a fifth repeat the row before them

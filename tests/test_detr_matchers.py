@@ -339,7 +339,8 @@ def test_this_python_runs_a_script_a_module_or_code_in_the_launchers_process_as_
     (package / "__init__.py").write_text("")
     (package / "seen.py").write_text(code + "\n")
     (tmp_path / "real").mkdir()
-    (tmp_path / "real" / "script.py").write_text(code + "\nimport lucid_assign; print(hasattr(lucid_assign, 'assign'))\n")
+    (tmp_path / "real" / "script.py").write_text(
+        code + "\nimport lucid_assign; print(hasattr(lucid_assign, 'assign'))\n")
     os.symlink(tmp_path / "real" / "script.py", tmp_path / "link.py")
     cases = [([str(tmp_path / "link.py"), "a"], True), (["-m", "pkg.seen", "b"], True), (["-c", code, "c"], True),
              (["-B", "-c", code, "c"], False)]

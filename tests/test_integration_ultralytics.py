@@ -58,7 +58,8 @@ def _batch(step, obb):
         masks, sem = torch.zeros(2, 16, 16), torch.zeros(2, 16, 16, dtype=torch.long)
         for i in (wh.prod(1)).argsort(descending=True).tolist():
             b, k = int(idx[i]), i - sum(n[: int(idx[i])])
-            inside = ((centre[None] - xy[i, 0]) / wh[i, 0] * 2) ** 2 + ((centre[:, None] - xy[i, 1]) / wh[i, 1] * 2) ** 2
+            inside = (((centre[None] - xy[i, 0]) / wh[i, 0] * 2) ** 2
+                      + ((centre[:, None] - xy[i, 1]) / wh[i, 1] * 2) ** 2)
             masks[b][inside <= 1] = k + 1
             sem[b][inside <= 1] = int(batch["cls"][i])
         batch["masks"], batch["sem_masks"] = masks, sem

@@ -391,7 +391,8 @@ def test_the_api_compiles_with_fullgraph(library, device):
     sizes = torch.tensor([7, 3, 0], device=device)
 
     def match(c, s):
-        return (matching.linear_sum_assignment(c, s, check=False), matching.linear_sum_assignment(c, [7, 3, 0], check=False),
+        return (matching.linear_sum_assignment(c, s, check=False),
+                matching.linear_sum_assignment(c, [7, 3, 0], check=False),
                 matching.linear_sum_assignment(c.float(), s, maximize=True, check=False))
 
     compiled = torch.compile(match, fullgraph=True)

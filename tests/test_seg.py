@@ -147,7 +147,8 @@ def test_cpu_autocast(library):
 
 
 def odd(case, device):
-    """Odd and edge inputs, each defined in docs/odd-inputs.md: the results are the reference's (equal to the peer's)."""
+    """Odd and edge inputs, each defined in docs/odd-inputs.md: the results are the reference's (equal to the
+    peer's)."""
     inputs = problem(11, objects=(10, 16), device=device)
     pd, gt, coef, scale, proto, masks = (inputs[i].clone() for i in (1, 4, 6, 7, 8, 9))
     if case == "empty_object_masks":

@@ -51,7 +51,8 @@ def test_cli_train_uses_lucid_assign(library, peer_tal, tmp_path):
     data = write_yolo_dataset(tmp_path / "data", images=4, obb=True)
     args = [f"data={data}", "model=yolo26n-obb.yaml", f"project={tmp_path / 'runs'}", "name=cli"]
     args += [f"{k}={v}" for k, v in TRAIN.items()]
-    env = dict(os.environ, LUCID_ASSIGN_VERBOSE="1", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, LUCID_ASSIGN_VERBOSE="1",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-m", "lucid_assign", "yolo", "obb", "train", *args], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -99,7 +99,9 @@ class Solver {
     }
   }
 
-  void augment(int64_t cur, int64_t sink) { lsap::flip_path(path_.data(), row4col_.data(), col4row_.data(), cur, sink); }
+  void augment(int64_t cur, int64_t sink) {
+    lsap::flip_path(path_.data(), row4col_.data(), col4row_.data(), cur, sink);
+  }
 
   std::vector<double> u_, v_, spc_;
   std::vector<int64_t> path_, col4row_, row4col_, remaining_;
