@@ -461,6 +461,8 @@ def _served_again(m, outputs, targets: list, groups: int, backend: str, check: b
     """This call's matches where the loss call in progress named it and its first call matched it with the same
     targets, unchanged (core.served_again: told without the call's layout, which the targets' tensors give where they
     hold nothing else), else None."""
+    if not isinstance(outputs, dict):
+        return None
     logits, boxes = outputs.get("logits"), outputs.get("pred_boxes")
     values = _tensors_only(targets)
     if type(logits) is not torch.Tensor or type(boxes) is not torch.Tensor or values is None:
