@@ -380,15 +380,19 @@ def test_a_cost_one_unit_in_the_last_place_off_fails_the_guard(library, monkeypa
     lt._verified.clear(), lt._blocks_ok.clear(), lt._plans.clear()
 
 
-def test_the_targets_objects_are_the_batchs_labels_and_boxes(library):
-    """The labels and boxes the op reads are the targets', image after image, as they are at the call (a change in
-    place shows)."""
+def test_the_targets_objects_are_kept_while_unchanged(library):
+    """A loss's matcher calls share the batch's labels and boxes (one torch.cat each), kept while the targets'
+    tensors are the same and unchanged: a change in place, or other tensors, makes them again."""
     _, _, labels, objects, counts = _batch("cpu")
     starts = [0, 3, 3]
     targets = [{"class_labels": labels[s:s + n].clone(), "boxes": objects[s:s + n].clone()}
                for s, n in zip(starts, counts)]
     first = lt._objects_of(targets)
     assert torch.equal(first[0], labels) and torch.equal(first[1], objects)
+    assert lt._objects_of(targets)[1] is first[1]
     targets[2]["boxes"][0, 0] += 1  # in place
     again = lt._objects_of(targets)
-    assert torch.equal(again[0], labels) and again[1][3, 0] == objects[3, 0] + 1 and first[1][3, 0] == objects[3, 0]
+    assert again[1] is not first[1] and again[1][3, 0] == objects[3, 0] + 1
+    other = [dict(t) for t in targets]
+    other[0] = {"class_labels": other[0]["class_labels"].clone(), "boxes": other[0]["boxes"].clone()}
+    assert lt._objects_of(other)[1] is not again[1]

@@ -28,6 +28,8 @@ import functools
 import importlib
 import inspect
 import itertools
+import threading
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -282,10 +284,23 @@ def _op_problems(m, fam: _Family, plans: list, parts: list, labels, objects, whe
                                 l1_order=l1_order, dtypes=plan, sanitize=sanitize, class_cost=class_cost)
 
 
+_last_objects = threading.local()  # .found: (the targets' tensors (weak), their versions, their labels and boxes)
+
+
 def _objects_of(targets: list) -> tuple:
-    """The batch's labels and boxes, image after image (torch.cat of the targets'). A loss call costs its calls once,
-    at its first (core.layered), so nothing is kept for a later call: keeping them cost more than the two cats."""
-    return torch.cat([t["class_labels"] for t in targets]), torch.cat([t["boxes"] for t in targets])
+    """The batch's labels and boxes, image after image (torch.cat of the targets'), kept for the next call while the
+    targets' tensors are the same, unchanged: a loss's matcher calls share them."""
+    tensors = [t["class_labels"] for t in targets] + [t["boxes"] for t in targets]
+    found = getattr(_last_objects, "found", None)
+    if (found is not None and len(found[0]) == len(tensors) and all(r() is t for r, t in zip(found[0], tensors))
+            and found[1] == tuple(t._version for t in tensors)):
+        return found[2]
+    pair = (torch.cat(tensors[: len(targets)]), torch.cat(tensors[len(targets):]))
+    if any(t.is_inference() for t in tensors):  # no versions to tell a change by
+        _last_objects.found = None
+    else:
+        _last_objects.found = ([weakref.ref(t) for t in tensors], tuple(t._version for t in tensors), pair)
+    return pair
 
 
 def _op_usable(m, fam: _Family, kind: tuple, logits, boxes, objects, where: core.Layout) -> dict | None:
