@@ -13,7 +13,7 @@ encoder's proposals). RF-DETR Small comes from its rfdetr config (bench/train_st
 512 px), its loss the criterion of its forward under bf16 autocast, which matches every layer in one call of the
 matcher's _match_many (RF-DETR's own declines where the layers' dtypes differ, and calls each layer's forward). After
 two warm-up loss calls (the patched matcher checks itself and each kind of call at the first; the
-second makes what later steps reuse), one loss call is counted:
+second makes what later steps reuse), one loss call is counted, each loss call on a new batch (as a step's):
 every operation dispatched inside the matcher's calls (a TorchDispatchMode: what each launches or computes on the
 host), the synchronisations among them (reading a value on the host: ``item``, ``.cpu()`` and ``.numpy()``,
 ``nonzero``; on CUDA each waits for the device), and the calls' time. The goal of the issue "The DETR cost in one
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import statistics
 import sys
@@ -114,8 +115,15 @@ def around_rfdetr(_, around):
         cls._match_many, cls.forward = saved
 
 
+def _batches(args, imgsz: int, objects: int, classes: int, label_key: str):
+    """Synthetic batches, a new one (images and targets) at each next(), as a training step's."""
+    for seed in itertools.count():
+        yield detr_batch(args.batch, imgsz, objects, seed, args.device, classes, label_key)
+
+
 def setup(family: str, args, objects: int):
-    """(a loss call: a function of no argument, the patch's context) of a family's model on a synthetic batch."""
+    """(a loss call: a function of no argument, the patch's context) of a family's model, each call on a new synthetic
+    batch."""
     device = args.device
     region = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
     if family == RFDETR:
@@ -123,19 +131,21 @@ def setup(family: str, args, objects: int):
         from train_step_rfdetr import CLASSES, build as build_rfdetr
 
         model, criterion, _, imgsz = build_rfdetr("small", args.imgsz, device)
-        images, targets = detr_batch(args.batch, imgsz, objects, 0, device, CLASSES, "labels")
-        mask = torch.zeros(images.shape[0], *images.shape[2:], dtype=torch.bool, device=device)
+        batches = _batches(args, imgsz, objects, CLASSES, "labels")
+        mask = torch.zeros(args.batch, imgsz, imgsz, dtype=torch.bool, device=device)
 
         def loss():
+            images, targets = next(batches)
             with region:
                 return criterion(model(NestedTensor(images, mask)), targets)
 
         lr._verified.clear()
         return loss, lr.patched("kernel")
     model, _ = build(family, device)
-    images, labels = detr_batch(args.batch, args.imgsz or 640, objects, 0, device, 80, "class_labels")
+    batches = _batches(args, args.imgsz or 640, objects, 80, "class_labels")
 
     def loss():
+        images, labels = next(batches)
         with region:
             return model(pixel_values=images, labels=labels).loss
 

@@ -359,6 +359,40 @@ def test_a_loss_call_costs_only_the_layers_its_calls_name(monkeypatch):
     assert seen == [5, ("solve", 5)]
 
 
+@pytest.mark.parametrize("unstacked", [False, True])
+def test_a_part_of_one_layer_is_handed_on_as_its_calls_inputs_where_asked(unstacked):
+    """layered(unstacked=True): inside a loss call, a part of one layer (an output of its own, or the one layer a loss
+    names of another stack) reaches ``joined`` as its call's inputs themselves, not as a (1, ...) view; a part of more
+    layers as their stacked views. Either way each call is served its own matches, those of a call of its own."""
+    g = torch.Generator().manual_seed(9)
+    stack, other, objects, counts = (torch.rand(3, 2, 6, 4, generator=g), torch.rand(4, 2, 6, 4, generator=g),
+                                     torch.rand(5, 4, generator=g), [2, 3])
+    own = torch.rand(2, 6, 4, generator=g)  # an output of its own (no stack)
+    calls = [stack[2], stack[0], own, other[1], stack[1]]
+    m = Matcher()
+    where = core.layout(counts, 6, 1, "cpu")
+    seen = []
+
+    def joined(views):
+        seen.append([part[0] for part in views])
+        return core.by_dtypes([[v if v.dim() == 4 else v[None] for v in part] for part in views],
+                              m.costs(where, objects))
+
+    with core.loss_call(m, [(t,) for t in calls]):
+        first = core.layered(m, (calls[0],), (objects,), where, m.costs(where, objects), "reference", True,
+                             joined=joined, unstacked=unstacked)
+        assert _same(first, _alone(calls[0], objects, counts))
+        for t in calls[1:]:
+            assert _same(core.served(m, (t,), (objects,), where, "reference", True), _alone(t, objects, counts))
+    (views,) = seen
+    assert [tuple(v.shape) for v in views] == [(3, 2, 6, 4)] + [(2, 6, 4) if unstacked else (1, 2, 6, 4)] * 2
+    if unstacked:
+        assert views[1] is own and views[2] is calls[3]
+    else:
+        assert views[1]._base is own and views[2]._base is other and torch.equal(views[2][0], other[1])
+    assert m._costs == 1
+
+
 def test_a_stacks_refusals_are_read_once_and_raised_at_their_layers_call(library, monkeypatch):
     """With the check on, the first call on a stack reads the status of every layer in one read (settle); a layer
     whose problem SciPy refuses raises SciPy's error at its own call, the others are served from what was read."""

@@ -623,12 +623,13 @@ def _loss_inputs(m) -> list:
     return []
 
 
-def _parts(m, inputs, keyed, where: Layout, backend: str) -> tuple:
+def _parts(m, inputs, keyed, where: Layout, backend: str, unstacked: bool = False) -> tuple:
     """(the stacks solved with this call's: its own, then those of the loss call's other calls (each once) whose
     layers have its layers' shapes and devices, each as (its key, its inputs, its stacked views, the first layer of
-    the views); the tickets of the loss call's other calls: (part, layer, inputs)). Inside a loss call (loss_call) a
-    stack's views hold the layers from the first to the last that its calls name (a decoder's stack may hold a layer
-    that no call matches); else every layer."""
+    the views, their layers); the tickets of the loss call's other calls: (part, layer, inputs)). Inside a loss call
+    (loss_call) a stack's views hold the layers from the first to the last that its calls name (a decoder's stack may
+    hold a layer that no call matches); else every layer. ``unstacked``: a part of one layer has its inputs as its
+    views (no (1, ...) view made of them)."""
     parts = [(keyed, inputs)]
     tickets = []
     named = _loss_inputs(m)
@@ -656,8 +657,12 @@ def _parts(m, inputs, keyed, where: Layout, backend: str) -> tuple:
         wanted[p].append(layer)
     found = []
     for (k, like), mine in zip(parts, wanted):
-        first, layers = (min(mine), max(mine) + 1 - min(mine)) if named else (0, None)
-        found.append((k, like, [stacked(t, f, first, layers) for t, f in zip(like, k[0])], first))
+        first, layers = (min(mine), max(mine) + 1 - min(mine)) if named else (0, k[0][0].layers)
+        if unstacked and layers == 1:  # the one layer named: the inputs of its call (like's layer is first)
+            views = list(like)
+        else:
+            views = [stacked(t, f, first, layers) for t, f in zip(like, k[0])]
+        found.append((k, like, views, first, layers))
     return found, tickets
 
 
@@ -720,7 +725,8 @@ def _problems_of(parts: list, costs: Callable, joined: Callable | None):
 
 
 def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], where: Layout, costs: Callable,
-            backend: str, check: bool, batch_objects: bool = False, joined: Callable | None = None, tag=None):
+            backend: str, check: bool, batch_objects: bool = False, joined: Callable | None = None, tag=None,
+            unstacked: bool = False):
     """This call's matches when each of ``inputs`` is one layer of a stack of a decoder's layers, the same layer of
     stacks of the same layers, or an output of a loss call in progress (loss_call); else None (a call of its own). At
     the stack's first call (for matcher ``m``), every layer's problems, with those of the loss call's other stacks,
@@ -729,7 +735,9 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
     ``costs`` may return Guarded problems: None where declined. ``objects``: the tensors the cost reads besides the
     inputs (the rest it depends on: the matcher's settings, settings_of, and the autocast region). ``check``: SciPy's
     error at the call of a layer whose problem it refuses. The flag and the status of every layer are read at the
-    first call, in one synchronisation. ``joined``: the problems of every part at once, where given (_problems_of)."""
+    first call, in one synchronisation. ``joined``: the problems of every part at once, where given (_problems_of).
+    ``unstacked``: a part of one layer is handed to ``joined`` and ``costs`` as its call's inputs themselves, not as a
+    stack of one layer (for costs that take either)."""
     seen = _seen(objects)
     keyed = None if seen is None else _keyed(m, inputs, where, backend, alone=bool(_loss_inputs(m)))
     if keyed is None:
@@ -737,13 +745,13 @@ def layered(m, inputs: Sequence[torch.Tensor], objects: Sequence[torch.Tensor], 
     served = _take(_memos_of(m, objects), keyed, check)
     if served is not None:
         return served
-    parts, tickets = _parts(m, inputs, keyed, where, backend)
+    parts, tickets = _parts(m, inputs, keyed, where, backend, unstacked)
     with torch.no_grad():  # the views and costs of the layers record nothing for autograd
         found = _problems_of(parts, costs, joined)
         if found is None:
             return None
         problems, declined, solved = found
-        counts = [parts[p][2][0].shape[0] for p in solved]
+        counts = [parts[p][4] for p in solved]
         layers = sum(counts)
         rows, cols, info = solve(problems, where, backend, layers)
         per_layer = matches(rows, cols, where, layers, batch_objects)

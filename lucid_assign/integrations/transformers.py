@@ -305,7 +305,7 @@ def _objects_of(targets: list) -> tuple:
 
 def _op_usable(m, fam: _Family, kind: tuple, logits, boxes, objects, where: core.Layout) -> dict | None:
     """The dtype plan with which the op computes a part's cost (FAMILY_COST_DEVICES), or None."""
-    if (kind is None or logits.device.type not in FAMILY_COST_DEVICES or logits.shape[2] % where.groups != 0
+    if (kind is None or logits.device.type not in FAMILY_COST_DEVICES or logits.shape[-2] % where.groups != 0
             or not _library.has_kernel("detr_cost", logits.device.type)):
         return None
     return _dtype_plan(m, fam, kind, logits, boxes, objects)
@@ -330,7 +330,8 @@ def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.La
 
 
 def _parts_problems(m, fam: _Family, kinds: list, views: list, targets: list, where: core.Layout, sanitize: bool):
-    """core.by_dtypes's result for the parts of a loss call (``views``: each part's (logits, boxes) stacks, ``kinds``
+    """core.by_dtypes's result for the parts of a loss call (``views``: each part's (logits, boxes) stacks, (L, B, Q, .),
+    or a part of one layer's (B, Q, .) outputs; ``kinds``
     their kinds of call, None where not checked as equal to the family's: left out) in one call of the op, where the
     device takes every part at once (FAMILY_PARTS_DEVICES) and the op computes each checked part; else None."""
     logits = views[0][0]
@@ -514,13 +515,15 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
         mine = checked(stacks)
         return None if mine is None else _block_problems(m, fam, stacks, targets, where, sanitize, mine)
 
-    def joined(views):
+    def joined(views):  # a part of one layer as its call's (B, Q, .) outputs: the op takes them so
         found = _parts_problems(m, fam, [checked(v) for v in views], views, targets, where, sanitize)
-        return found if found is not None else core.by_dtypes(views, costs)
+        if found is not None:
+            return found
+        return core.by_dtypes([[v if v.dim() == 4 else v[None] for v in part] for part in views], costs)
 
     if layered:
         found = core.layered(m, (logits, boxes), _stack_objects(targets), where, costs, backend, check,
-                             joined=joined, tag=_keys(targets))
+                             joined=joined, tag=_keys(targets), unstacked=True)
         if found is not None:
             return found
     with torch.no_grad():
