@@ -37,8 +37,8 @@ Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.str
 template <typename T>
 __global__ void detr_cost_kernel(const float* __restrict__ pd, const T* __restrict__ scores,
                                  const float* __restrict__ gt, const int64_t* __restrict__ cls,
-                                 const int64_t* __restrict__ sizes, int64_t B, int64_t Q, int64_t C, int64_t N, int64_t W,
-                                 detr::CostSettings s, float* __restrict__ out) {
+                                 const int64_t* __restrict__ sizes, int64_t B, int64_t Q, int64_t C, int64_t N,
+                                 int64_t W, detr::CostSettings s, float* __restrict__ out) {
   __shared__ int64_t start, count;
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {

@@ -60,7 +60,8 @@ int main() {
         for (uint32_t s : rows) {
           if (r == s) continue;
           if ((row_key(v, r) > row_key(w, s)) != ranks_before(v, r, w, s)) fail("row_key order", v, w);
-          if (row_of_key(row_key(v, r)) != r || value_key_of(row_key(v, r)) != order_key(v)) fail("row_key parts", v, w);
+          if (row_of_key(row_key(v, r)) != r || value_key_of(row_key(v, r)) != order_key(v))
+            fail("row_key parts", v, w);
         }
       }
     }
