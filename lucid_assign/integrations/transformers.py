@@ -212,6 +212,8 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
 # parts of one dtype in a call of detr_cost.family.
 FAMILY_COST_DEVICES = ("cpu", "cuda")
 FAMILY_PARTS_DEVICES = ("cpu", "cuda")
+# the devices (a run has checked) whose loss calls hand a part of one layer to the op as its (B, Q, .) outputs
+UNSTACKED_DEVICES = ("cpu",)
 _plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None (not in the op's dtypes)
 
 
@@ -523,7 +525,7 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
 
     if layered:
         found = core.layered(m, (logits, boxes), _stack_objects(targets), where, costs, backend, check,
-                             joined=joined, tag=_keys(targets), unstacked=True)
+                             joined=joined, tag=_keys(targets), unstacked=logits.device.type in UNSTACKED_DEVICES)
         if found is not None:
             return found
     with torch.no_grad():
