@@ -332,10 +332,10 @@ def _block_problems(m, fam: _Family, stacks: list, targets: list, where: core.La
 
 
 def _parts_problems(m, fam: _Family, kinds: list, views: list, targets: list, where: core.Layout, sanitize: bool):
-    """core.by_dtypes's result for the parts of a loss call (``views``: each part's (logits, boxes) stacks, (L, B, Q, .),
-    or a part of one layer's (B, Q, .) outputs; ``kinds``
-    their kinds of call, None where not checked as equal to the family's: left out) in one call of the op, where the
-    device takes every part at once (FAMILY_PARTS_DEVICES) and the op computes each checked part; else None."""
+    """core.by_dtypes's result for the parts of a loss call (``views``: each part's (logits, boxes) stacks,
+    (L, B, Q, .), or a part of one layer's (B, Q, .) outputs; ``kinds`` their kinds of call, None where not checked as
+    equal to the family's: left out) in one call of the op, where the device takes every part at once
+    (FAMILY_PARTS_DEVICES) and the op computes each checked part; else None."""
     logits = views[0][0]
     if logits.device.type not in FAMILY_PARTS_DEVICES or kinds[0] is None:
         return None
@@ -517,7 +517,7 @@ def _from_blocks(m, fam: _Family, kind: tuple, outputs: dict, targets: list, whe
         mine = checked(stacks)
         return None if mine is None else _block_problems(m, fam, stacks, targets, where, sanitize, mine)
 
-    def joined(views):  # a part of one layer as its call's (B, Q, .) outputs: the op takes them so
+    def joined(views):  # a part of one layer may be its call's (B, Q, .) outputs; costs takes (L, B, Q, .) stacks
         found = _parts_problems(m, fam, [checked(v) for v in views], views, targets, where, sanitize)
         if found is not None:
             return found
