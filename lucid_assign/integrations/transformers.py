@@ -213,7 +213,7 @@ def _block_cost(m, fam: _Family, logits, boxes, labels, objects, sanitize: bool)
 FAMILY_COST_DEVICES = ("cpu", "cuda")
 FAMILY_PARTS_DEVICES = ("cpu", "cuda")
 # the devices (a run has checked) whose loss calls hand a part of one layer to the op as its (B, Q, .) outputs
-UNSTACKED_DEVICES = ("cpu",)
+UNSTACKED_DEVICES = ("cpu", "cuda")
 _plans: dict = {}  # kind of call -> the op's dtypes (ops.FAMILY_DTYPES -> dtype), or None (not in the op's dtypes)
 
 
