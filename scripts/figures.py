@@ -154,7 +154,8 @@ def _fit_header(fits: list) -> str:
             r["environment"]["date"])
     envs = sorted(f"{machine}, {', '.join(sorted(days))}" for machine, days in dates.items())
     commands = ", ".join(f"`{_fit_command(r)}`" for r in fits)
-    waits = [r["summary"][v]["loader_wait_share"]["max"] for r in fits for v in ("plain", "patched")]
+    waits = [r["summary"][v]["loader_wait_share"]["max"] for r in fits for v in ("plain", "patched")
+             if r["summary"][v]["loader_wait_share"]]  # none yet where a record has no fit of a variant
     full = all("process_s" in r["summary"]["plain"] for r in fits)
     what = ("every loss value and the model, optimiser, EMA and scheduler states" if full else
             "final losses and metrics")
@@ -175,6 +176,10 @@ def _end_state(summary: dict) -> str:
     return "end states DIFFER in " + ", ".join(summary["differ"])
 
 
+def _ms_or_dash(spread: dict) -> str:
+    return f"{spread['median']:,.2f} s" if spread else "-"
+
+
 def _fit_rows(rec: dict) -> list:
     """One row per fit record, patched against plain: the whole process, with the complete fit (and the train loop's
     share of the process) and an epoch beside it."""
@@ -183,6 +188,13 @@ def _fit_rows(rec: dict) -> list:
     pairs = sum(f["variant"] == "patched" for f in rec["fits"]) if "fits" in rec else args["pairs"]
     done = f"{pairs} pairs" if pairs >= args["pairs"] else f"{pairs} of {args['pairs']} pairs"
     k, p = _process(summary["patched"]), _process(summary["plain"])
+    case = (f"{args['recipe']} fit: {args['model'].removesuffix('.yaml')}, b{args['batch']} at {args['imgsz']} px, "
+            f"{len(counts):,} images, objects per image median {median:,g} (max {max(counts):,}), {args['epochs']} "
+            f"epochs, {done}")
+    if not k or not p:  # a record begun, not yet a pair: the fits it holds, nothing compared
+        held = [f"{len([f for f in rec['fits'] if f['variant'] == v])} {v}" for v in ("plain", "patched")]
+        return [f"| {case} ({' and '.join(held)} so far): the whole process | {_ms_or_dash(k)} | {_ms_or_dash(p)} | - "
+                "| - |"]
     beside = []
     if "process_s" in summary["plain"]:
         share = "/".join(f"{100 * summary[v]['loop_share']['median']:.0f}%" for v in ("patched", "plain"))
@@ -191,9 +203,7 @@ def _fit_rows(rec: dict) -> list:
                       f"the train loop {share} of the process")
     ke, pe = summary["patched"]["epoch_s"], summary["plain"]["epoch_s"]
     beside.append(f"an epoch {ke['median']:,.2f} / {pe['median']:,.2f} s, {pe['median'] / ke['median']:,.2f}x")
-    return [f"| {args['recipe']} fit: {args['model'].removesuffix('.yaml')}, b{args['batch']} at {args['imgsz']} px, "
-            f"{len(counts):,} images, objects per image median {median:,g} (max {max(counts):,}), "
-            f"{args['epochs']} epochs, {done}, {_end_state(summary)}: the whole process (ranges "
+    return [f"| {case}, {_end_state(summary)}: the whole process (ranges "
             f"{k['min']:,.1f}-{k['max']:,.1f} / {p['min']:,.1f}-{p['max']:,.1f} s; {'; '.join(beside)}) | "
             f"{k['median']:,.2f} s | {p['median']:,.2f} s | {p['median'] / k['median']:,.2f}x | - |"]
 

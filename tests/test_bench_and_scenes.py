@@ -279,7 +279,7 @@ def _figures():
 def test_a_fit_record_makes_one_readme_row_that_says_how_far_it_got_and_how_the_fits_ended():
     """scripts/figures.py: a record of fit_time.py is one row: the whole process's medians and their ratio, the fit
     and an epoch beside them, the pairs done of those asked, and the end state (identical, differing, or not
-    comparable where the plain fits already differ among themselves)."""
+    comparable where the plain fits already differ among themselves); a record begun, the fits it holds."""
     _, fit_time = _bench_script("fit_time")
     figures = _figures()
 
@@ -294,6 +294,9 @@ def test_a_fit_record_makes_one_readme_row_that_says_how_far_it_got_and_how_the_
         (line,) = figures._fit_rows(dict(args=args, counts=[1, 4, 9], fits=fits, summary=fit_time.summary(fits, "0")))
         return line
 
+    begun = row([fit("plain", 0, 20.0)])  # a record begun: the fit it holds, nothing compared
+    assert "10 epochs, 0 of 3 pairs (1 plain and 0 patched so far): the whole process" in begun
+    assert begun.endswith("| - | 20.00 s | - | - |")
     line = row([fit("plain", 0, 20.0), fit("patched", 0, 10.0)])
     assert "3 images, objects per image median 4 (max 9), 10 epochs, 1 of 3 pairs, end states identical" in line
     assert line.endswith("| 10.00 s | 20.00 s | 2.00x | - |") and "the fit 9.0 / 19.0 s, 2.11x" in line
