@@ -177,6 +177,7 @@ def _end_state(summary: dict) -> str:
 
 
 def _ms_or_dash(spread: dict) -> str:
+    """A spread's median in seconds, or "-" where there is none yet."""
     return f"{spread['median']:,.2f} s" if spread else "-"
 
 
@@ -192,7 +193,7 @@ def _fit_rows(rec: dict) -> list:
             f"{len(counts):,} images, objects per image median {median:,g} (max {max(counts):,}), {args['epochs']} "
             f"epochs, {done}")
     if not k or not p:  # a record begun, not yet a pair: the fits it holds, nothing compared
-        held = [f"{len([f for f in rec['fits'] if f['variant'] == v])} {v}" for v in ("plain", "patched")]
+        held = [f"{sum(f['variant'] == v for f in rec.get('fits', []))} {v}" for v in ("plain", "patched")]
         return [f"| {case} ({' and '.join(held)} so far): the whole process | {_ms_or_dash(k)} | {_ms_or_dash(p)} | - "
                 "| - |"]
     beside = []
