@@ -176,7 +176,7 @@ def _end_state(summary: dict) -> str:
     return "end states DIFFER in " + ", ".join(summary["differ"])
 
 
-def _ms_or_dash(spread: dict) -> str:
+def _seconds_or_dash(spread: dict) -> str:
     """A spread's median in seconds, or "-" where there is none yet."""
     return f"{spread['median']:,.2f} s" if spread else "-"
 
@@ -194,7 +194,7 @@ def _fit_rows(rec: dict) -> list:
             f"epochs, {done}")
     if not k or not p:  # a record begun, not yet a pair: the fits it holds, nothing compared
         held = [f"{sum(f['variant'] == v for f in rec.get('fits', []))} {v}" for v in ("plain", "patched")]
-        return [f"| {case} ({' and '.join(held)} so far): the whole process | {_ms_or_dash(k)} | {_ms_or_dash(p)} | - "
+        return [f"| {case} ({' and '.join(held)} so far): the whole process | {_seconds_or_dash(k)} | {_seconds_or_dash(p)} | - "
                 "| - |"]
     beside = []
     if "process_s" in summary["plain"]:
