@@ -27,10 +27,6 @@
 namespace lucid {
 namespace detr {
 
-// The largest finite float: a cost beyond it (or NaN) is not finite, which the sanitising families replace and
-// RF-DETR declines.
-constexpr float kFloatMax = 3.402823466e+38f;
-
 enum L1Order : int {
   kL1Sequential = 0,   // ((dx + dy) + dw) + dh
   kL1Interleaved = 1,  // (dx + dw) + (dy + dh), geometry.h's cuda_order_sum
@@ -92,6 +88,7 @@ LUCID_HD float pair_cost(float logit, const float* pd, const float* gt, const Co
   const float cost_giou = sub(1.0f, sub(iou, div(sub(c_area, uni), c_area)));
   const float cost =
       add(add(mul(s.gain_class, cost_class), mul(s.gain_bbox, cost_bbox)), mul(s.gain_giou, cost_giou));
+  constexpr float kFloatMax = 3.402823466e+38f;
   if (s.sanitize && !(::fabsf(cost) <= kFloatMax)) return 0.0f;  // NaN or +-inf
   return cost;
 }
@@ -254,6 +251,7 @@ LUCID_HD bool family_query_declines(const float* b, const FamilySettings& s) {
 
 // Whether an object's cost `v` makes RF-DETR decline the step (it checks that every cost is finite).
 LUCID_HD bool family_entry_declines(float v, const FamilySettings& s) {
+  constexpr float kFloatMax = 3.402823466e+38f;
   return s.class_term == kClassRfdetr && !(::fabsf(v) <= kFloatMax);
 }
 
@@ -294,6 +292,7 @@ LUCID_HD float family_cost(float cls, const float* pd, const float* gt, const Fa
   const float first = round_as(add(round_as(mul(s.gain_bbox, l1), s.l1), round_as(mul(s.gain_class, cls), s.cls)),
                                s.sum);
   const float cost = add(first, mul(s.gain_giou, -giou));
+  constexpr float kFloatMax = 3.402823466e+38f;
   if (s.sanitize && !(::fabsf(cost) <= kFloatMax)) return s.top;
   return cost;
 }

@@ -33,14 +33,6 @@ struct Strides4 {
 
 Strides4 strides4(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2), t.stride(3)}; }
 
-// Where image b's objects start among the batch's (the sum of the sizes before it) and how many it has.
-__device__ __forceinline__ void image_objects(const int64_t* __restrict__ sizes, int64_t b, int64_t& start,
-                                              int64_t& count) {
-  int64_t total = 0;
-  for (int64_t k = 0; k < b; ++k) total += sizes[k];
-  start = total, count = sizes[b];
-}
-
 // Blocks of (x: query-columns of one image, y: images in turn); each column's cost by detr::column_cost.
 template <typename T>
 __global__ void detr_cost_kernel(const float* __restrict__ pd, const T* __restrict__ scores,
@@ -51,7 +43,11 @@ __global__ void detr_cost_kernel(const float* __restrict__ pd, const T* __restri
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int64_t b = blockIdx.y; b < B; b += gridDim.y) {
     __syncthreads();  // the previous image's start and count are read by every thread before they change
-    if (threadIdx.x == 0) image_objects(sizes, b, start, count);
+    if (threadIdx.x == 0) {
+      int64_t total = 0;
+      for (int64_t k = 0; k < b; ++k) total += sizes[k];
+      start = total, count = sizes[b];
+    }
     __syncthreads();
     if (e >= Q * W) continue;
     const int64_t q = e / W, j = e - q * W, row = b * Q + q;
@@ -98,7 +94,11 @@ __global__ void family_cost_kernel(const T* __restrict__ scores, Strides4 ss, co
   for (int64_t lb = blockIdx.y; lb < L * B; lb += gridDim.y) {
     const int64_t l = lb / B, b = lb - l * B;
     __syncthreads();  // the previous pair's start and count are read by every thread before they change
-    if (threadIdx.x == 0) image_objects(sizes, b, start, count);
+    if (threadIdx.x == 0) {
+      int64_t total = 0;
+      for (int64_t k = 0; k < b; ++k) total += sizes[k];
+      start = total, count = sizes[b];
+    }
     __syncthreads();
     if (e >= Q * W) continue;
     const int64_t q = e / W, j = e - q * W, row = lb * Q + q;
