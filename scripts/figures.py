@@ -194,8 +194,8 @@ def _fit_rows(rec: dict) -> list:
             f"epochs, {done}")
     if not k or not p:  # a record begun, not yet a pair: the fits it holds, nothing compared
         held = [f"{sum(f['variant'] == v for f in rec.get('fits', []))} {v}" for v in ("plain", "patched")]
-        return [f"| {case} ({' and '.join(held)} so far): the whole process | {_seconds_or_dash(k)} | {_seconds_or_dash(p)} | - "
-                "| - |"]
+        return [f"| {case} ({' and '.join(held)} so far): the whole process | {_seconds_or_dash(k)} | "
+                f"{_seconds_or_dash(p)} | - | - |"]
     beside = []
     if "process_s" in summary["plain"]:
         share = "/".join(f"{100 * summary[v]['loop_share']['median']:.0f}%" for v in ("patched", "plain"))
