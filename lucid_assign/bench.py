@@ -271,13 +271,24 @@ def environment() -> dict:
         lucid_assign=installed_version(),
         ultralytics=peer_version(),
     )
-    try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["commit"] = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
-                                       text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        env["commit"] = None
+    env["commit"] = source_commit()
     return env
+
+
+def source_commit() -> str | None:
+    """The commit of the source tree this package runs from: git's where the package's parent folder is a checkout,
+    the archive's where ``git archive`` made the tree (lucid_assign/_archive.py), else None (an installed wheel:
+    a checkout around site-packages is not its source)."""
+    from ._archive import COMMIT
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, ".git")):
+        return None if COMMIT.startswith("$") else COMMIT
+    try:
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 class Progress:
