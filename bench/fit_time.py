@@ -245,7 +245,7 @@ SAME_MACHINE = ("torch", "cuda", "gpu", "cpu", "python", "lucid_assign", "ultral
 
 def code_digest() -> str:
     """What the fits run, as one digest: the imported package's Python sources (with its build record: torch, CUDA,
-    architectures), this script, and the extension: its sources where the package runs from a checkout (csrc/ beside
+    architectures; not the commit an archived tree names), this script, and the extension: its sources where the package runs from a checkout (csrc/ beside
     it), so that the same commit rebuilt for the same torch in a new session's checkout goes on; else its binary. A
     record resumes only with the same code."""
     import hashlib
@@ -257,7 +257,7 @@ def code_digest() -> str:
     csrc = os.path.join(top, "csrc")
     kinds = (".py",) if os.path.isdir(csrc) else (".py", ".so", ".pyd")
     files = sorted(os.path.join(d, n) for d, _, names in os.walk(root) for n in names
-                   if n.endswith(kinds) and "__pycache__" not in d)
+                   if n.endswith(kinds) and n != "_archive.py" and "__pycache__" not in d)
     if os.path.isdir(csrc):
         files += sorted(os.path.join(d, n) for d, _, names in os.walk(csrc) for n in names
                         if n.endswith((".h", ".cuh", ".cpp", ".cu")))
