@@ -245,9 +245,9 @@ SAME_MACHINE = ("torch", "cuda", "gpu", "cpu", "python", "lucid_assign", "ultral
 
 def code_digest() -> str:
     """What the fits run, as one digest: the imported package's Python sources (with its build record: torch, CUDA,
-    architectures; not the commit an archived tree names), this script, and the extension: its sources where the package runs from a checkout (csrc/ beside
-    it), so that the same commit rebuilt for the same torch in a new session's checkout goes on; else its binary. A
-    record resumes only with the same code."""
+    architectures; not the commit an archived tree names), this script, and the extension: its sources where the
+    package runs from a checkout (csrc/ beside it), so that the same commit rebuilt for the same torch in a new
+    session's checkout goes on; else its binary. A record resumes only with the same code."""
     import hashlib
 
     import lucid_assign
